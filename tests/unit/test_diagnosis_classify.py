@@ -1,0 +1,173 @@
+"""The evidence classifier on recorded/hand-built evidence: every verdict, and the ambiguous cases."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "evidence"
+CLASSIFY = ROOT / "roles" / "run_diagnosis" / "files" / "flashfleet_classify.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("flashfleet_classify", CLASSIFY)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fc = _load()
+EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
+
+
+def evidence(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fixture_verdict(name):
+    exp = EXPECTED[name]
+    result = fc.classify(evidence(name))
+    assert result["verdict"] == exp["verdict"], result
+    if "cause" in exp:
+        assert result["cause"]["verdict"] == exp["cause"], result
+    if "reason_has" in exp:
+        assert exp["reason_has"] in result["reason"], result
+    assert result["next_step"], result
+    if result["verdict"] not in ("not-started", "running", "unknown"):
+        assert result["evidence"], "a verdict needs the lines that prove it"
+
+
+def test_every_verdict_has_a_fixture():
+    seen = {v["verdict"] for v in EXPECTED.values()}
+    wanted = {v for v in fc.VERDICTS if v != "gpu-xid-<n>"}
+    assert wanted <= seen, wanted - seen
+    assert any(v.startswith("gpu-xid-") for v in seen)
+
+
+def test_no_ansible_import():
+    text = CLASSIFY.read_text()
+    assert "import ansible" not in text and "from ansible" not in text
+
+
+# --- the ambiguous cases of issue 6, as pairs on the same evidence --------------------------
+
+
+def test_sigkill_with_and_without_an_oom_line_naming_the_run():
+    named = fc.classify(evidence("handbuilt/cgroup-oom-kill.json"))
+    assert named["verdict"] == "cgroup-oom-kill"
+    assert any("Memory cgroup out of memory" in line for line in named["evidence"])
+    bare = evidence("handbuilt/cgroup-oom-kill.json")
+    bare["kernel"]["entries"] = []
+    assert fc.classify(bare)["verdict"] == "killed-by-signal"
+    other = fc.classify(evidence("handbuilt/killed-by-signal-other-oom.json"))
+    assert other["verdict"] == "killed-by-signal"
+
+
+def test_oom_tied_by_pid_alone():
+    ev = evidence("handbuilt/host-oom-kill.json")
+    for e in ev["kernel"]["entries"]:
+        e["MESSAGE"] = re.sub(r"task_memcg=[^,]*", "task_memcg=/user.slice", e["MESSAGE"])
+    ev["unit_props"]["properties"]["Result"] = "signal"
+    out = fc.classify(ev)
+    assert out["verdict"] == "host-oom-kill"
+    assert "was the run's" in out["reason"]
+
+
+def test_application_xid_vs_hardware_xid():
+    app = fc.classify(evidence("handbuilt/crash-app-xid-13.json"))
+    hw = fc.classify(evidence("handbuilt/gpu-xid-79.json"))
+    assert app["verdict"] == "crash" and "illegal memory access" in app["reason"]
+    assert hw["verdict"] == "gpu-xid-79" and "drain" in hw["next_step"]
+    # the same application evidence with a hardware code becomes a hardware verdict
+    ev = evidence("handbuilt/crash-app-xid-13.json")
+    ev["kernel"]["entries"][0]["MESSAGE"] = ev["kernel"]["entries"][0]["MESSAGE"].replace("): 13,", "): 94,")
+    assert fc.classify(ev)["verdict"] == "gpu-xid-94"
+
+
+def test_xid_outside_the_window_is_ignored():
+    ev = evidence("handbuilt/gpu-xid-79.json")
+    for e in ev["kernel"]["entries"]:
+        e["__REALTIME_TIMESTAMP"] = str(int(e["__REALTIME_TIMESTAMP"]) - 86400 * 10**6)
+    assert fc.classify(ev)["verdict"] == "crash"
+
+
+def test_crash_before_ready_vs_after():
+    after = evidence("handbuilt/crash.json")
+    assert fc.classify(after)["verdict"] == "crash"
+    before = copy.deepcopy(after)
+    before["journal"]["entries"] = [e for e in before["journal"]["entries"]
+                                    if not e["MESSAGE"].__str__().startswith("Started ")]
+    before["status"]["data"]["ready"] = False
+    out = fc.classify(before)
+    assert out["verdict"] == "init-crash"
+    assert out["cause"]["verdict"] == "crash" and "KeyError" in out["reason"]
+
+
+def test_init_crash_names_the_exception_and_the_drift():
+    out = fc.classify(evidence("handbuilt/init-crash-exception.json"))
+    assert "ValidationError: 1 validation error for Settings" in out["reason"]
+    assert "wandb" in out["next_step"]
+    assert any("venv drift: wandb" in w for w in out["warnings"])
+
+
+def test_unreadable_kernel_log_and_sigkill():
+    out = fc.classify(evidence("handbuilt/killed-by-signal-kernel-unreadable.json"))
+    assert out["verdict"] == "killed-by-signal"
+    assert "kernel log unreadable" in out["reason"] and "OOM not ruled out" in out["reason"]
+    assert "no OOM" not in out["reason"]
+
+
+def test_hardware_xid_before_ready_is_named_as_cause():
+    out = fc.classify(evidence("handbuilt/init-crash-gpu-xid-48.json"))
+    assert out["verdict"] == "init-crash"
+    assert out["cause"]["verdict"] == "gpu-xid-48"
+    assert "drain" in out["next_step"]
+
+
+# --- readers -------------------------------------------------------------------------------------
+
+
+def test_message_forms():
+    assert fc.message({"MESSAGE": "plain"}) == "plain"
+    assert fc.message({"MESSAGE": list(b"caf\xc3\xa9")}) == "café"
+    assert "\ufffd" in fc.message({"MESSAGE": [0x61, 0xFF]})
+    assert fc.message({"MESSAGE": ["a", "b"]}) == "a\nb"
+    assert fc.message({}) == ""
+
+
+def test_systemd_timestamps():
+    assert fc.parse_systemd_time("@1764525600.5") == 1764525600.5
+    assert fc.parse_systemd_time("Sun 2025-11-30 18:00:00 UTC") == 1764525600.0
+    assert fc.parse_systemd_time("") is None and fc.parse_systemd_time("n/a") is None
+
+
+def test_text_only_manager_lines_still_parse():
+    """Entries without the structured EXIT_CODE fields (older exports) are read from MESSAGE."""
+    ev = evidence("handbuilt/killed-by-signal.json")
+    for e in ev["journal"]["entries"]:
+        for k in ("EXIT_CODE", "EXIT_STATUS", "UNIT_RESULT", "MESSAGE_ID"):
+            e.pop(k, None)
+    ev["unit_props"]["properties"].update(ExecMainCode="0", ExecMainStatus="0", Result="success",
+                                          ExecMainExitTimestamp="")
+    assert fc.classify(ev)["verdict"] == "killed-by-signal"
+
+
+def test_cli_prints_table_and_json(tmp_path):
+    run = tmp_path / "v2"
+    for host, fx in (("gpu01", "cuda-oom"), ("gpu02", "running")):
+        (run / host).mkdir(parents=True)
+        (run / host / "evidence.json").write_text((FIXTURES / "handbuilt" / f"{fx}.json").read_text())
+    res = subprocess.run([sys.executable, str(CLASSIFY), str(run)], capture_output=True, text=True, check=True)
+    assert "cuda-oom" in res.stdout and "running" in res.stdout and "host" in res.stdout.splitlines()[0]
+    res = subprocess.run([sys.executable, str(CLASSIFY), "--json", str(run / "gpu01" / "evidence.json")],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(res.stdout)["verdict"] == "cuda-oom"

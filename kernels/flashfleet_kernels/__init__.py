@@ -1,0 +1,74 @@
+"""flashfleet_kernels: the DFlash drafter loss without materializing ``[tokens x vocab]``.
+
+Public entry point: :func:`fused_linear_distill_loss`; oracle: :func:`reference_fused_linear_distill_loss`.
+See docs/kernels.md for the math, the design and the test/benchmark commands.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reference import reference_fused_linear_distill_loss
+
+try:  # Triton is optional: CPU-only installs fall back to the reference.
+    from .distill_loss import triton_fused_linear_distill_loss
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton_fused_linear_distill_loss = None
+
+__all__ = [
+    "fused_linear_distill_loss",
+    "reference_fused_linear_distill_loss",
+    "triton_fused_linear_distill_loss",
+]
+
+
+def fused_linear_distill_loss(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor | None,
+    lm_head_weight: torch.Tensor,
+    labels: torch.Tensor,
+    row_weights: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    kl_weight: float = 0.0,
+    ignore_index: int = -100,
+    impl: str = "auto",
+    return_row_stats: bool = False,
+    chunk_size: int | None = None,
+):
+    """Per-row-weighted ``(1 - a) * CE + a * T^2 * KL(teacher || student)`` over ``z = h W^T``.
+
+    Args:
+        student_hidden: ``[..., d]`` drafter hidden states (after the final norm). Gets a gradient.
+        teacher_hidden: ``[..., d]`` target hidden states; no gradient. May be None when
+            ``kl_weight == 0``.
+        lm_head_weight: ``[V, d]`` the target's LM head. Gets a gradient only if it requires one
+            (through the student logits; the teacher distribution is treated as a constant).
+        labels: ``[...]`` int targets; ``ignore_index`` drops the row (CE and KL) entirely.
+        row_weights: ``[...]`` per-row weights; the loss is ``sum w_i loss_i / sum w_i`` over rows
+            that are not ignored (0 if no weight is left).
+        temperature: T, applied to both student and teacher logits in the KL term only.
+        kl_weight: a in [0, 1]; 0 is plain weighted CE.
+        impl: ``"auto"`` (Triton on CUDA, reference elsewhere), ``"triton"`` or ``"torch"``.
+        return_row_stats: also return ``row_ce`` (detached fp32 ``[N]`` CE per flattened row, 0 for
+            ignored rows; ``exp(-row_ce)`` is the probability of the label) and
+            ``row_argmax_correct`` (bool ``[N]``, ``argmax z_s == label``), at almost no extra cost.
+        chunk_size: rows per chunk for the Triton path (default: fits a 768 MiB workspace).
+
+    Returns:
+        The scalar fp32 loss, or ``(loss, row_ce, row_argmax_correct)`` with ``return_row_stats``.
+    """
+    if impl == "auto":
+        impl = "triton" if student_hidden.is_cuda and triton_fused_linear_distill_loss is not None else "torch"
+    kwargs = dict(temperature=temperature, kl_weight=kl_weight, ignore_index=ignore_index,
+                  return_row_stats=return_row_stats)
+    if impl == "torch":
+        return reference_fused_linear_distill_loss(
+            student_hidden, teacher_hidden, lm_head_weight, labels, row_weights, **kwargs)
+    if impl == "triton":
+        if triton_fused_linear_distill_loss is None:
+            raise RuntimeError("impl='triton' but triton is not importable")
+        return triton_fused_linear_distill_loss(
+            student_hidden, teacher_hidden, lm_head_weight, labels, row_weights,
+            chunk_size=chunk_size, **kwargs)
+    raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")

@@ -1,0 +1,300 @@
+"""Fused linear + CE + temperature-KL drafter loss: chunked cuBLAS matmuls and a Triton row kernel.
+
+Why this shape of implementation (docs/kernels.md has the longer story):
+
+* The loss needs three ``N x d x V`` matmuls (student logits, teacher logits, gradient to the
+  student hidden states). At DFlash shapes they are ~90% of the ideal run time, so they stay in
+  cuBLAS, which already runs them near peak; everything else must be cheap and must not store
+  ``[N, V]``.
+* Rows are processed in chunks of ``C`` rows. Per chunk, cuBLAS writes student and teacher logits
+  into one fixed ``[2C, V]`` workspace; a Triton kernel (one program per row) makes one online pass
+  over the vocabulary that tracks the student softmax at T=1 (for CE), the student softmax at T
+  and the teacher softmax at T (for KL) together, then a second sweep overwrites the student
+  logits *in place* with the weighted gradient ``d loss / d z_s``; one more cuBLAS matmul turns
+  that into the chunk's rows of ``d loss / d h_s``. The workspace is reused by the next chunk, so
+  peak extra memory is the workspace plus the ``[N, d]`` gradient, independent of ``N`` otherwise.
+* Because the gradient is complete after forward, backward only multiplies by the incoming scalar
+  gradient. The per-row weights are normalised by their sum before the kernel runs, so the
+  gradient written in forward is already the final one.
+* Row offsets are int64 (``N * V`` exceeds 2^31 at N=16k, V=152k) and all softmax bookkeeping is
+  fp32, whatever the logits' dtype.
+
+Gradient with respect to the student logits of row i (``q_T = softmax(z_s / T)``,
+``p = softmax(z_t / T)``, ``q_1 = softmax(z_s)``, ``s_i = w_i' / sum w'``)::
+
+    g_i = s_i * ( a * T * (q_T - p) + (1 - a) * (q_1 - onehot(y_i)) )
+
+(the ``T^2`` on the KL cancels one ``1/T`` from the chain rule, leaving ``a * T``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Fixed workspace for the per-chunk logits. 768 MiB leaves room for the [N, d] gradient under the
+# 1 GiB "extra memory" goal at N=16k, d=5120, bf16.
+DEFAULT_WORKSPACE_BYTES = 768 * 1024 * 1024
+
+
+@triton.jit
+def _distill_row_kernel(
+    s_ptr,  # [rows, V] student logits; overwritten with d loss / d logits
+    t_ptr,  # [rows, V] teacher logits (unused when not HAS_KL)
+    stride_s,
+    stride_t,
+    labels_ptr,  # [rows] int64
+    scale_ptr,  # [rows] fp32: w_i' / sum(w'), 0 for rows that drop out
+    ce_ptr,  # [rows] fp32 out: CE(z_s, y) (0 for ignored labels)
+    kl_ptr,  # [rows] fp32 out: T^2 * KL(p || q_T)
+    argmax_ptr,  # [rows] int32 out: argmax z_s (only when WRITE_ARGMAX)
+    V,
+    inv_temp,
+    ce_coef,  # 1 - a
+    kl_coef,  # a * T
+    ignore_index,
+    HAS_KL: tl.constexpr,
+    HAS_CE: tl.constexpr,
+    SEPARATE_T: tl.constexpr,  # T != 1: the student needs a second normaliser for the KL
+    WRITE_ARGMAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    s_row = s_ptr + row * stride_s
+    t_row = t_ptr + row * stride_t
+    label = tl.load(labels_ptr + row)
+    scale = tl.load(scale_ptr + row)
+
+    # Pass 1: one online sweep. One running max per side serves both temperatures because
+    # max(z / T) = max(z) / T for T > 0.
+    m_s = float("-inf")
+    d_1 = 0.0  # sum exp(z_s - m_s)
+    d_T = 0.0  # sum exp((z_s - m_s) / T)
+    m_t = float("-inf")
+    d_t = 0.0  # sum exp((z_t - m_t) / T)
+    acc = 0.0  # sum exp((z_t - m_t) / T) * (z_t - z_s)
+    best = 0
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < V
+        zs = tl.load(s_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        blk_max = tl.max(zs, axis=0)
+        if WRITE_ARGMAX:
+            best = tl.where(blk_max > m_s, start + tl.argmax(zs, axis=0), best)
+        m_new = tl.maximum(m_s, blk_max)
+        d_1 = d_1 * tl.exp(m_s - m_new) + tl.sum(tl.exp(zs - m_new), axis=0)
+        if SEPARATE_T:
+            d_T = d_T * tl.exp((m_s - m_new) * inv_temp) + tl.sum(tl.exp((zs - m_new) * inv_temp), axis=0)
+        m_s = m_new
+        if HAS_KL:
+            zt = tl.load(t_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+            mt_new = tl.maximum(m_t, tl.max(zt, axis=0))
+            alpha = tl.exp((m_t - mt_new) * inv_temp)
+            e_t = tl.exp((zt - mt_new) * inv_temp)
+            d_t = d_t * alpha + tl.sum(e_t, axis=0)
+            # Both sides are -inf in the masked tail: select before subtracting to avoid inf - inf.
+            diff = tl.where(mask, zt, 0.0) - tl.where(mask, zs, 0.0)
+            acc = acc * alpha + tl.sum(e_t * diff, axis=0)
+            m_t = mt_new
+
+    log_d1 = tl.log(d_1)
+    if SEPARATE_T:
+        log_dT = tl.log(d_T)
+    else:
+        log_dT = log_d1
+    valid = (label != ignore_index) & (label >= 0) & (label < V)
+    z_y = tl.load(s_row + label, mask=valid, other=0.0).to(tl.float32)
+    ce = tl.where(valid, m_s + log_d1 - z_y, 0.0)
+    tl.store(ce_ptr + row, ce)
+    if WRITE_ARGMAX:
+        tl.store(argmax_ptr + row, best)
+    if HAS_KL:
+        log_dt = tl.log(d_t)
+        # KL = sum p (log p - log q_T) = E_p[(z_t - z_s) / T] - lse(z_t / T) + lse(z_s / T)
+        kl = (acc / d_t) * inv_temp - (m_t * inv_temp + log_dt) + (m_s * inv_temp + log_dT)
+        tl.store(kl_ptr + row, kl / (inv_temp * inv_temp))
+
+    # Pass 2: overwrite the student logits with the weighted gradient.
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < V
+        zs = tl.load(s_row + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.zeros([BLOCK], dtype=tl.float32)
+        if HAS_CE:
+            q1 = tl.exp(zs - m_s - log_d1)
+            g = ce_coef * tl.where(offs == label, q1 - 1.0, q1)
+        if HAS_KL:
+            zt = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
+            if SEPARATE_T:
+                q_T = tl.exp((zs - m_s) * inv_temp - log_dT)
+            else:
+                q_T = tl.exp(zs - m_s - log_d1)
+            p = tl.exp((zt - m_t) * inv_temp - log_dt)
+            g += kl_coef * (q_T - p)
+        tl.store(s_row + offs, (g * scale).to(s_ptr.dtype.element_ty), mask=mask)
+
+
+_interpreted_kernel = None
+
+
+def _row_kernel_for(device: torch.device):
+    """The row kernel, or an interpreted copy of it for CPU tensors.
+
+    Whether ``triton.jit`` compiles or interprets is decided when the module is imported, from
+    ``TRITON_INTERPRET``. If this module was imported without it (e.g. by another test folder
+    first) and is then asked to run on CPU tensors, build an interpreted copy instead of failing.
+    """
+    global _interpreted_kernel
+    kernel = _distill_row_kernel
+    if device.type != "cpu" or not isinstance(kernel, triton.runtime.JITFunction):
+        return kernel
+    if _interpreted_kernel is None:
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+        except ImportError as exc:  # pragma: no cover - depends on the Triton build
+            raise RuntimeError(
+                "Triton cannot run on CPU tensors here: set TRITON_INTERPRET=1 before importing "
+                "triton, or use impl='torch'"
+            ) from exc
+        _interpreted_kernel = InterpretedFunction(kernel.fn)
+    return _interpreted_kernel
+
+
+def default_chunk_size(n_rows: int, vocab: int, itemsize: int, has_kl: bool,
+                       workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> int:
+    """Rows per chunk so that the ``[rows, V]`` logits workspace fits ``workspace_bytes``.
+
+    Multiple of 128 (cuBLAS tile friendly) when large enough; never more than the rows we have.
+    """
+    per_row = vocab * itemsize * (2 if has_kl else 1)
+    rows = max(1, workspace_bytes // per_row)
+    if rows >= 256:
+        rows = rows // 128 * 128
+    return max(1, min(rows, n_rows))
+
+
+def _launch_config(vocab: int, device: torch.device) -> tuple[int, int]:
+    if device.type == "cpu":  # the interpreter: a few blocks per row exercise the online merge
+        return min(1024, triton.next_power_of_2(vocab)), 1
+    return min(4096, triton.next_power_of_2(vocab)), 8
+
+
+class _FusedLinearDistillLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h_s, h_t, weight, labels, row_weights, temperature, kl_weight, ignore_index,
+                want_argmax, chunk_size, block_size, num_warps):
+        n_rows, _ = h_s.shape
+        vocab = weight.shape[0]
+        device = h_s.device
+        has_kl = kl_weight != 0
+        has_ce = kl_weight != 1
+        separate_t = has_kl and temperature != 1.0
+        need_grad_h = ctx.needs_input_grad[0]
+        need_grad_w = ctx.needs_input_grad[2]
+
+        valid = labels != ignore_index
+        w_eff = torch.where(valid, row_weights.to(torch.float32), 0.0)
+        total = w_eff.sum()
+        scale = (w_eff / torch.where(total > 0, total, torch.ones_like(total))).contiguous()
+
+        if chunk_size is None:
+            chunk_size = default_chunk_size(n_rows, vocab, h_s.element_size(), has_kl)
+        chunk_size = max(1, min(chunk_size, n_rows))
+        block, default_warps = _launch_config(vocab, device)
+        block = block_size or block
+        num_warps = num_warps or default_warps
+
+        workspace = torch.empty((2 if has_kl else 1) * chunk_size, vocab, dtype=h_s.dtype, device=device)
+        row_ce = torch.empty(n_rows, dtype=torch.float32, device=device)
+        row_kl = torch.zeros(n_rows, dtype=torch.float32, device=device)
+        argmax = torch.empty(n_rows if want_argmax else 1, dtype=torch.int32, device=device)
+        grad_h = torch.empty_like(h_s) if need_grad_h else None
+        grad_w = torch.zeros_like(weight) if need_grad_w else None
+        kernel = _row_kernel_for(device)
+        weight_t = weight.t()
+
+        for start in range(0, n_rows, chunk_size):
+            end = min(start + chunk_size, n_rows)
+            rows = end - start
+            z_s = workspace[:rows]
+            torch.mm(h_s[start:end], weight_t, out=z_s)
+            if has_kl:
+                z_t = workspace[chunk_size:chunk_size + rows]
+                torch.mm(h_t[start:end], weight_t, out=z_t)
+            else:
+                z_t = z_s
+            kernel[(rows,)](
+                z_s, z_t, z_s.stride(0), z_t.stride(0),
+                labels[start:end], scale[start:end],
+                row_ce[start:end], row_kl[start:end], argmax[start:end] if want_argmax else argmax,
+                vocab, 1.0 / temperature, 1.0 - kl_weight, kl_weight * temperature, ignore_index,
+                HAS_KL=has_kl, HAS_CE=has_ce, SEPARATE_T=separate_t, WRITE_ARGMAX=want_argmax,
+                BLOCK=block, num_warps=num_warps,
+            )
+            # z_s now holds d loss / d z_s for these rows.
+            if need_grad_h:
+                torch.mm(z_s, weight, out=grad_h[start:end])
+            if need_grad_w:
+                grad_w.addmm_(z_s.t(), h_s[start:end])
+        del workspace
+
+        loss = (scale * ((1.0 - kl_weight) * row_ce + kl_weight * row_kl)).sum()
+        correct = (argmax.long() == labels) & valid if want_argmax else torch.zeros_like(valid)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.mark_non_differentiable(row_ce, correct)
+        return loss, row_ce, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_ce, _grad_correct):
+        grad_h, grad_w = ctx.saved_tensors
+        # Out of place so that a retained graph can be backpropagated more than once.
+        grad_h = grad_h * grad_loss.to(grad_h.dtype) if grad_h is not None else None
+        grad_w = grad_w * grad_loss.to(grad_w.dtype) if grad_w is not None else None
+        return grad_h, None, grad_w, None, None, None, None, None, None, None, None, None
+
+
+def triton_fused_linear_distill_loss(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor | None,
+    lm_head_weight: torch.Tensor,
+    labels: torch.Tensor,
+    row_weights: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    kl_weight: float = 0.0,
+    ignore_index: int = -100,
+    return_row_stats: bool = False,
+    chunk_size: int | None = None,
+    block_size: int | None = None,
+    num_warps: int | None = None,
+):
+    """The fused path. Same contract as :func:`flashfleet_kernels.fused_linear_distill_loss`.
+
+    Hidden states may be ``[..., d]``; they are flattened to rows. They are cast to the head's
+    dtype (all matmuls run in it). ``chunk_size`` (rows per chunk), ``block_size`` (vocabulary
+    columns per kernel step) and ``num_warps`` are tuning knobs; the defaults keep the workspace
+    at 768 MiB.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if kl_weight != 0 and teacher_hidden is None:
+        raise ValueError("kl_weight != 0 needs teacher_hidden")
+    d = student_hidden.shape[-1]
+    dtype = lm_head_weight.dtype
+    h_s = student_hidden.reshape(-1, d).to(dtype).contiguous()
+    h_t = None
+    if kl_weight != 0:
+        h_t = teacher_hidden.detach().reshape(-1, d).to(dtype).contiguous()
+    y = labels.reshape(-1).to(torch.int64).contiguous()
+    w = row_weights.reshape(-1)
+    if not (h_s.shape[0] == y.shape[0] == w.shape[0]) or (h_t is not None and h_t.shape != h_s.shape):
+        raise ValueError("student_hidden, teacher_hidden, labels and row_weights must agree on rows")
+    weight = lm_head_weight.contiguous()
+    loss, row_ce, correct = _FusedLinearDistillLoss.apply(
+        h_s, h_t, weight, y, w, float(temperature), float(kl_weight), int(ignore_index),
+        bool(return_row_stats), chunk_size, block_size, num_warps,
+    )
+    if return_row_stats:
+        return loss, row_ce, correct
+    return loss

@@ -1,0 +1,78 @@
+"""Plain torch reference for the drafter distillation loss.
+
+This is the oracle the Triton path is tested against and the fallback where Triton cannot run
+(CPU trainers, CI). It materializes the full ``[N, V]`` logits in fp32 (fp64 when the inputs are
+fp64, so finite differences work), which is exactly what the fused path exists to avoid: do not
+use it at real shapes unless you have tens of GiB to spare.
+
+The loss (see docs/kernels.md)::
+
+    z_s = h_s W^T,  z_t = h_t W^T
+    loss_i = a * T^2 * KL(softmax(z_t / T) || softmax(z_s / T)) + (1 - a) * CE(z_s, y_i)
+    loss   = sum_i w_i' loss_i / sum_i w_i'        with w_i' = w_i * [y_i != ignore_index]
+
+A row whose label is ``ignore_index`` drops out of both sums (its KL term too). When every row
+drops out the loss is 0 (not NaN) and so are the gradients. The teacher distribution is a
+constant: no gradient flows to ``teacher_hidden``, nor to ``lm_head_weight`` through ``z_t``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _flatten(hidden: torch.Tensor | None) -> torch.Tensor | None:
+    if hidden is None:
+        return None
+    return hidden.reshape(-1, hidden.shape[-1])
+
+
+def reference_fused_linear_distill_loss(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor | None,
+    lm_head_weight: torch.Tensor,
+    labels: torch.Tensor,
+    row_weights: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    kl_weight: float = 0.0,
+    ignore_index: int = -100,
+    return_row_stats: bool = False,
+):
+    """Weighted CE + temperature-scaled forward KL, computed the obvious way.
+
+    Returns the scalar loss, or ``(loss, row_ce, row_argmax_correct)`` when ``return_row_stats``:
+    ``row_ce`` is the detached fp32 per-row cross-entropy (0 for ignored rows) and
+    ``row_argmax_correct`` is a bool per row, ``argmax(z_s) == y`` (False for ignored rows).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if kl_weight != 0 and teacher_hidden is None:
+        raise ValueError("kl_weight != 0 needs teacher_hidden")
+    compute = torch.float64 if student_hidden.dtype == torch.float64 else torch.float32
+    h_s = _flatten(student_hidden).to(compute)
+    weight = lm_head_weight.to(compute)
+    y = labels.reshape(-1)
+    valid = y != ignore_index
+    w = torch.where(valid, row_weights.reshape(-1).to(compute), 0.0)
+
+    z_s = h_s @ weight.T
+    log_q1 = F.log_softmax(z_s, dim=-1)
+    safe_y = torch.where(valid, y, 0)
+    ce = torch.where(valid, -log_q1.gather(1, safe_y[:, None]).squeeze(1), 0.0)
+    row_loss = (1.0 - kl_weight) * ce
+    if kl_weight != 0:
+        with torch.no_grad():
+            z_t = _flatten(teacher_hidden).to(compute) @ weight.T
+            log_p = F.log_softmax(z_t / temperature, dim=-1)
+        log_q = F.log_softmax(z_s / temperature, dim=-1)
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+        row_loss = row_loss + kl_weight * temperature**2 * kl
+
+    total = w.sum()
+    loss = (w * row_loss).sum() / torch.where(total > 0, total, torch.ones_like(total))
+    if not return_row_stats:
+        return loss
+    correct = (z_s.detach().argmax(dim=-1) == y) & valid
+    return loss, ce.detach().float(), correct

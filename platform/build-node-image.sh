@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Build localhost/flashfleet-node:bookworm, the systemd container every local node and Molecule
+# scenario runs: Debian 12 minbase with systemd as PID 1, python3 and sshd (Ansible reaches it
+# over SSH on a loopback-published port, like a real fleet). No registry is reachable, so the
+# root filesystem comes from debootstrap and is imported with `podman import`.
+#
+# The image carries a label with the hash of this recipe; it is rebuilt only when the recipe
+# changes (or FORCE=1). No SSH key is baked in: the node's authorized_keys is mounted at run time.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+image=${FLASHFLEET_NODE_IMAGE:-localhost/flashfleet-node:bookworm}
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+packages=systemd,systemd-sysv,dbus,python3,python3-apt,openssh-server,iproute2,procps,ca-certificates,rsync,sudo
+recipe_hash=$( { cat "$0"; echo "$packages"; } | sha256sum | cut -c1-16)
+
+current=$(podman image inspect --format '{{ index .Labels "flashfleet.recipe" }}' "$image" 2>/dev/null || true)
+if [ "$current" = "$recipe_hash" ] && [ "${FORCE:-0}" != 1 ]; then
+  echo "node image: $image is up to date (recipe $recipe_hash)"
+  exit 0
+fi
+
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/flashfleet-rootfs.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+rootfs="$work/rootfs"
+echo "node image: debootstrap bookworm into $rootfs (recipe $recipe_hash)"
+start=$(date +%s)
+debootstrap --variant=minbase --include="$packages" bookworm "$rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 \
+  || { tail -n 30 "$work/debootstrap.log" >&2; echo "node image: debootstrap failed (log above)" >&2; exit 1; }
+
+# Configure for a container: no getty, no hostname/kernel units that fail without privileges,
+# sshd with key-only root login (the key is mounted at run time), an apt source for role installs.
+chroot "$rootfs" /bin/sh -eu <<'CHROOT'
+systemctl mask getty@tty1.service serial-getty@.service systemd-logind.service \
+  systemd-remount-fs.service sys-kernel-debug.mount sys-kernel-tracing.mount \
+  systemd-firstboot.service >/dev/null 2>&1 || true
+systemctl enable ssh.service >/dev/null
+mkdir -p /root/.ssh && chmod 700 /root/.ssh
+printf 'PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n' \
+  > /etc/ssh/sshd_config.d/flashfleet.conf
+echo 'deb http://deb.debian.org/debian bookworm main' > /etc/apt/sources.list
+apt-get clean
+rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
+CHROOT
+# Host keys generated at package install time would be shared by every node: regenerate them
+# at each container's first boot instead.
+rm -f "$rootfs"/etc/ssh/ssh_host_*
+mkdir -p "$rootfs/etc/systemd/system/ssh.service.d"
+cat > "$rootfs/etc/systemd/system/ssh.service.d/hostkeys.conf" <<'UNIT'
+[Service]
+ExecStartPre=
+ExecStartPre=/usr/bin/ssh-keygen -A
+ExecStartPre=/usr/sbin/sshd -t
+UNIT
+
+tar -C "$rootfs" -c . | podman import \
+  --change 'CMD ["/sbin/init"]' --change 'STOPSIGNAL SIGRTMIN+3' \
+  --change "LABEL flashfleet.recipe=$recipe_hash" - "$image" >/dev/null
+echo "node image: built $image in $(( $(date +%s) - start )) s"

@@ -1,0 +1,182 @@
+"""The command line of `dflash-train`: every flag of the real run, plus `--config PATH.json`.
+
+A systemd unit runs `dflash-train --config /etc/flashfleet/runs/<run>.json`; the JSON object's
+keys are the flags' dest names ("target_model", "use_soft_labels": true, ...). Flags given
+explicitly on the command line override the JSON. Deterministic configuration problems raise
+ConfigError, which the CLI prints as ONE line and turns into exit code 78 (EX_CONFIG), the code
+the unit is told not to restart on.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+EX_CONFIG = 78
+
+
+class ConfigError(Exception):
+    """A deterministic configuration or start-up error: retrying cannot help, a human must fix it."""
+
+    def __init__(self, what: str, fix: str):
+        super().__init__(what)
+        self.what, self.fix = what, fix
+
+    def line(self) -> str:
+        return f"flashfleet-train: config error: {self.what} (fix: {self.fix})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dflash-train",
+        description="Train a DFlash block-diffusion drafter on hidden states of a frozen target model.",
+        epilog="Exit codes: 0 finished, or stopped by SIGTERM after saving a checkpoint; 78 configuration "
+               "error (one line on stderr); anything else is a crash with a traceback.",
+    )
+    a = p.add_argument_group("paths")
+    a.add_argument("--config", metavar="PATH.json", help="JSON object of flag dest names -> values; "
+                   "explicit command-line flags override it")
+    a.add_argument("--target-model", help="local directory of the frozen target (transformers format; never downloaded)")
+    a.add_argument("--data-dir", help="directory of *.parquet files: `input_ids` list<int>, optional `loss_mask` "
+                   "list<int> (1 = supervised), same lengths")
+    a.add_argument("--output-dir", help="run directory: metrics.jsonl, status.json, checkpoints/")
+
+    t = p.add_argument_group("topology")
+    t.add_argument("--target-gpus", default="0", help="comma-separated GPU indices for target replicas "
+                   "(one replica each), or `cpu`")
+    t.add_argument("--drafter-gpus", default="0", help="GPU index for the drafter, or `cpu`")
+
+    o = p.add_argument_group("optimisation")
+    o.add_argument("--epochs", type=float, default=1.0, help="passes over the data (fractions allowed)")
+    o.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps (default: epochs)")
+    o.add_argument("--lr", type=float, default=6e-4, help="peak AdamW learning rate")
+    o.add_argument("--warmup-ratio", type=float, default=0.04, help="linear warmup as a fraction of all steps, then cosine decay to 0")
+    o.add_argument("--weight-decay", type=float, default=0.01)
+    o.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    o.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip (0 = off)")
+    o.add_argument("--seed", type=int, default=0, help="seeds init, shuffling (with the epoch), anchors and noise")
+
+    d = p.add_argument_group("data and packing")
+    d.add_argument("--token-budget", type=int, default=65536, help="max tokens per micro-batch (sum of packed sequence lengths)")
+    d.add_argument("--max-seq-len", type=int, default=8192, help="sequences are truncated to this many tokens")
+    d.add_argument("--max-batch-size", type=int, default=64, help="max sequences per micro-batch")
+    d.add_argument("--max-anchors", type=int, default=512,
+                   help="max anchors (= draft blocks) per MICRO-BATCH, not per sequence: spread over its sequences "
+                        "in proportion to their number of valid anchor positions (speculators' semantics); each "
+                        "anchor trains block-size rows")
+
+    m = p.add_argument_group("drafter")
+    m.add_argument("--block-size", type=int, default=16, help="tokens per draft block (anchor + block-size-1 predictions)")
+    m.add_argument("--num-draft-layers", type=int, default=5)
+    m.add_argument("--target-layers", default=None,
+                   help="comma-separated target decoder-layer indices whose OUTPUTS feed the drafter (0-based: "
+                        "layer i = HF hidden_states[i+1]); default: num-draft-layers spread evenly over 1..L-3")
+    m.add_argument("--mask-token-id", type=int, default=None,
+                   help="embedding row used for masked block positions (default: 151669 for the 151,936-row "
+                        "Qwen3 vocab, else vocab_size-1)")
+
+    lo = p.add_argument_group("loss")
+    lo.add_argument("--use-soft-labels", action="store_true", help="add KL to the target's distribution")
+    lo.add_argument("--kl-temperature", type=float, default=1.0)
+    lo.add_argument("--kl-weight", type=float, default=0.5, help="loss = w*T^2*KL + (1-w)*CE (only with --use-soft-labels)")
+    lo.add_argument("--loss-weighting", choices=("streak", "decay", "uniform"), default="streak",
+                    help="per-block-position weights: streak (expected accepted tokens depending on the position), "
+                         "decay exp(-(k-1)/gamma), or uniform")
+    lo.add_argument("--streak-alpha", type=float, default=0.5, help="streak smoothing: q -> (1-alpha)*q + alpha")
+    lo.add_argument("--decay-gamma", type=float, default=None, help="decay gamma (default 7 for block 16, 5 for 10, 4 for 8)")
+    lo.add_argument("--noise-start", type=float, default=0.0, help="hidden-state noise scale at step 0, relative to each token's RMS")
+    lo.add_argument("--noise-end", type=float, default=0.0, help="noise scale at the last step (cosine anneal)")
+    lo.add_argument("--loss-impl", choices=("auto", "triton", "torch"), default="auto",
+                    help="auto: flashfleet_kernels' fused loss if importable, else plain torch")
+
+    c = p.add_argument_group("checkpoints")
+    c.add_argument("--save-interval", type=int, default=1000, help="checkpoint every N optimizer steps (and at the end)")
+    c.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest K complete checkpoints")
+    c.add_argument("--resume", default="auto", help="auto (newest complete checkpoint, if any), never, or a checkpoint PATH")
+
+    e = p.add_argument_group("evaluation (real acceptance length tau, greedy speculative decoding)")
+    e.add_argument("--eval-prompts", default=None, help="JSONL of {\"input_ids\": [...]} (default: <data-dir>/eval/prompts.jsonl if present)")
+    e.add_argument("--eval-num-prompts", type=int, default=32, help="prompts to evaluate at the end (0 = no evaluation)")
+    e.add_argument("--eval-max-new-tokens", type=int, default=64)
+
+    w = p.add_argument_group("logging")
+    w.add_argument("--wandb-project", default=None, help="log to wandb too (metrics.jsonl is always written)")
+    w.add_argument("--wandb-run-name", default=None)
+    w.add_argument("--wandb-settings", default=None, help="JSON object passed to wandb.Settings; validated by --check")
+    w.add_argument("--log-interval", type=int, default=1, help="print a progress line every N steps")
+
+    p.add_argument("--check", action="store_true", help="validate everything that can be validated without training, "
+                   "print a summary and exit 0, or exit 78 with one line naming the problem")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """argv -> Namespace with --config merged underneath explicit flags. Raises ConfigError."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    first = parser.parse_args(argv)
+    if first.config:
+        try:
+            with open(first.config) as f:
+                values = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot read --config {first.config}: {e}", "point --config at a readable JSON file") from e
+        if not isinstance(values, dict):
+            raise ConfigError(f"--config {first.config} is not a JSON object", "write {\"flag_dest\": value, ...}")
+        known = {act.dest for act in parser._actions} - {"help", "config"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown key(s) in --config: {', '.join(unknown)}",
+                              "use flag dest names such as target_model, use_soft_labels")
+        for key in ("use_soft_labels", "check"):
+            if key in values and not isinstance(values[key], bool):
+                raise ConfigError(f"--config key {key} must be true or false", f"write \"{key}\": true")
+        if isinstance(values.get("wandb_settings"), dict):
+            values["wandb_settings"] = json.dumps(values["wandb_settings"])
+        parser.set_defaults(**{k: (str(v) if k in ("target_layers", "target_gpus", "drafter_gpus")
+                                   and not isinstance(v, str) else v) for k, v in values.items()})
+        first = parser.parse_args(argv)
+    for req in ("target_model", "data_dir", "output_dir"):
+        if not getattr(first, req):
+            raise ConfigError(f"--{req.replace('_', '-')} is required", f"pass it or set \"{req}\" in --config")
+    validate_numbers(first)
+    return first
+
+
+def validate_numbers(args) -> None:
+    def need(cond, what, fix):
+        if not cond:
+            raise ConfigError(what, fix)
+
+    need(args.block_size >= 2, "--block-size must be >= 2", "use 8 or 16")
+    need(args.num_draft_layers >= 1, "--num-draft-layers must be >= 1", "use e.g. 5")
+    need(args.grad_accum >= 1, "--grad-accum must be >= 1", "use 1 or more")
+    need(args.token_budget >= 2 and args.max_seq_len >= 2, "--token-budget and --max-seq-len must be >= 2", "raise them")
+    need(args.max_seq_len <= args.token_budget, f"--max-seq-len {args.max_seq_len} exceeds --token-budget "
+         f"{args.token_budget}: such sequences could never be packed", "raise --token-budget or lower --max-seq-len")
+    need(args.max_batch_size >= 1 and args.max_anchors >= 1, "--max-batch-size and --max-anchors must be >= 1", "raise them")
+    need(0.0 <= args.kl_weight <= 1.0, "--kl-weight must be in [0, 1]", "e.g. 0.7")
+    need(args.kl_temperature > 0, "--kl-temperature must be > 0", "e.g. 1.0")
+    need(0.0 <= args.streak_alpha <= 1.0, "--streak-alpha must be in [0, 1]", "e.g. 0.5")
+    need(0.0 <= args.warmup_ratio < 1.0, "--warmup-ratio must be in [0, 1)", "e.g. 0.04")
+    need(args.lr > 0 and args.epochs > 0, "--lr and --epochs must be > 0", "e.g. --lr 6e-4 --epochs 1")
+    need(args.save_interval >= 1, "--save-interval must be >= 1", "e.g. 1000")
+    need(args.max_steps is None or args.max_steps >= 1, "--max-steps must be >= 1", "drop it or raise it")
+    need(args.noise_start >= 0 and args.noise_end >= 0, "noise scales must be >= 0", "e.g. 0.1 and 0.01")
+    need(args.resume in ("auto", "never") or os.path.isdir(args.resume), f"--resume {args.resume}: not auto, "
+         "never, or an existing checkpoint directory", "pass auto, never, or checkpoints/step-XXXXXXXX")
+
+
+def parse_devices(spec: str, flag: str) -> list[str]:
+    """'cpu' -> ['cpu']; '0,1,2' -> ['cuda:0', 'cuda:1', 'cuda:2']."""
+    spec = str(spec).strip()
+    if spec.lower() == "cpu":
+        return ["cpu"]
+    try:
+        ids = [int(x) for x in spec.split(",") if x.strip() != ""]
+    except ValueError as e:
+        raise ConfigError(f"{flag} {spec!r} is not `cpu` or a comma-separated list of GPU indices",
+                          f"e.g. {flag} 0,1,2 or {flag} cpu") from e
+    if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+        raise ConfigError(f"{flag} {spec!r}: need distinct non-negative GPU indices", f"e.g. {flag} 0,1")
+    return [f"cuda:{i}" for i in ids]

@@ -1,0 +1,300 @@
+"""The target's hidden-state producer and the DFlash drafter.
+
+Feature convention (one, named, tested): a target layer id i means the OUTPUT of decoder layer
+i (0-based), which is Hugging Face's `hidden_states[i + 1]` (index 0 there is the embedding
+output). This is z-lab's convention. It is captured with forward hooks on the chosen decoder
+layers, so no other layer's activations are kept.
+
+The split between producer (target side) and drafter (consumer) is the seam for multi-process
+topologies: today `HiddenStateProducer.produce` runs in-process, one replica per target device,
+round-robin; tomorrow the same `Features` object arrives over gloo/NCCL from target ranks.
+
+Drafter architecture (dflash.md): concat of the chosen layers' features -> bias-free Linear
+(n*H -> H) -> RMSNorm gives one context feature shared by all draft layers. Each draft layer is
+a Qwen3 decoder layer whose attention is NOT causal: Q from the block, K/V from
+[context ; block] through the same k_proj/v_proj, QK-norm, RoPE at absolute positions. The
+block is [anchor token, MASK x (B-1)] embedded with the target's frozen embedding; outputs go
+through the target's frozen LM head. The drafter owns no embedding or head.
+"""
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """num_draft_layers ids spread evenly from 1 to L-3 (Qwen3 36 layers, 5 -> [1, 9, 17, 25, 33])."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, max(1, num_target_layers - 3)
+    return [int(round(start + i * (end - start) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+def default_mask_token_id(vocab_size: int) -> int:
+    """Qwen3's spare embedding row 151669 for its 151,936-row vocab; else the last row."""
+    return 151669 if vocab_size == 151936 else vocab_size - 1
+
+
+def rope_theta_of(cfg) -> float:
+    rp = getattr(cfg, "rope_parameters", None) or {}
+    return float(rp.get("rope_theta", getattr(cfg, "rope_theta", 1_000_000.0) or 1_000_000.0))
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_hidden_layers: int
+    target_layer_ids: list[int]
+    block_size: int
+    mask_token_id: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    target_model: str = ""
+    model_type: str = "dflash_drafter"
+    feature_convention: str = "target_layer_ids[i] = output of decoder layer i = HF hidden_states[i+1]"
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_target(cls, tcfg, *, num_draft_layers, target_layer_ids, block_size, mask_token_id, target_model=""):
+        return cls(
+            hidden_size=tcfg.hidden_size, intermediate_size=tcfg.intermediate_size,
+            num_attention_heads=tcfg.num_attention_heads, num_key_value_heads=tcfg.num_key_value_heads,
+            head_dim=getattr(tcfg, "head_dim", None) or tcfg.hidden_size // tcfg.num_attention_heads,
+            num_hidden_layers=num_draft_layers, target_layer_ids=list(target_layer_ids), block_size=block_size,
+            mask_token_id=mask_token_id, vocab_size=tcfg.vocab_size, rms_norm_eps=tcfg.rms_norm_eps,
+            rope_theta=rope_theta_of(tcfg), target_model=str(target_model))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DrafterConfig":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope(positions, head_dim, theta):
+    """cos, sin [M, head_dim] for integer positions [M] (Qwen3's default RoPE, halves layout)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    f = positions.float()[:, None] * inv[None, :]
+    emb = torch.cat([f, f], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x [heads, M, d]."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.nh, self.nkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, self.nh * self.d, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, self.nkv * self.d, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, self.nkv * self.d, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.d, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.d, c.rms_norm_eps)
+        self.k_norm = RMSNorm(self.d, c.rms_norm_eps)
+
+    def forward(self, x, ctx, rope_q, rope_kv, mask):
+        """x [M, H] block rows; ctx [T, H] context; mask [M, T+M] bool (True = may attend)."""
+        m = x.shape[0]
+        kv_in = torch.cat([ctx, x], dim=0)
+        q = self.q_norm(self.q_proj(x).view(m, self.nh, self.d)).transpose(0, 1)
+        k = self.k_norm(self.k_proj(kv_in).view(-1, self.nkv, self.d)).transpose(0, 1)
+        v = self.v_proj(kv_in).view(-1, self.nkv, self.d).transpose(0, 1)
+        q, k = apply_rope(q, *rope_q), apply_rope(k, *rope_kv)
+        if self.nkv != self.nh:
+            k = k.repeat_interleave(self.nh // self.nkv, dim=0)
+            v = v.repeat_interleave(self.nh // self.nkv, dim=0)
+        o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask[None, None])
+        return self.o_proj(o[0].transpose(0, 1).reshape(m, self.nh * self.d))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = DraftAttention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x, ctx, rope_q, rope_kv, mask):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, mask)
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.config = c
+        n = len(c.target_layer_ids)
+        self.fc = nn.Linear(n * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(c) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(mod):
+        if isinstance(mod, nn.Linear):
+            nn.init.normal_(mod.weight, std=0.02)
+
+    def forward(self, block_emb, ctx_feat, ctx_pos, block_pos, mask):
+        """block_emb [M, H] embedded block rows; ctx_feat [T, n*H] target features; ctx_pos [T],
+        block_pos [M] absolute positions; mask [M, T+M]. Returns the normed output [M, H]."""
+        c = self.config
+        ctx = self.hidden_norm(self.fc(ctx_feat.to(self.fc.weight.dtype)))
+        rope_q = rope(block_pos, c.head_dim, c.rope_theta)
+        rope_kv = rope(torch.cat([ctx_pos, block_pos]), c.head_dim, c.rope_theta)
+        x = block_emb.to(self.fc.weight.dtype)
+        for layer in self.layers:
+            x = layer(x, ctx, rope_q, rope_kv, mask)
+        return self.norm(x)
+
+
+def block_attention_inputs(seq, anchor, block_size):
+    """Context gather indices and the strict DFlash mask for N blocks of one micro-batch.
+
+    seq [N], anchor [N]: each block's sequence (in the micro-batch) and anchor position.
+    Only context a block can see is gathered: positions < (last anchor) of sequences that have
+    blocks. Returns (ctx_seq [T], ctx_pos [T], block_pos [N*B], mask [N*B, T+N*B]) where a block
+    row sees context of ITS sequence strictly before ITS anchor (kv < anchor), its own block
+    bidirectionally, and nothing else.
+    """
+    dev = anchor.device
+    ctx_seq, ctx_pos = [], []
+    for s in torch.unique(seq).tolist():
+        upto = int(anchor[seq == s].max())
+        ctx_seq.append(torch.full((upto,), s, dtype=torch.long, device=dev))
+        ctx_pos.append(torch.arange(upto, device=dev))
+    ctx_seq = torch.cat(ctx_seq) if ctx_seq else torch.zeros(0, dtype=torch.long, device=dev)
+    ctx_pos = torch.cat(ctx_pos) if ctx_pos else torch.zeros(0, dtype=torch.long, device=dev)
+    n = anchor.shape[0]
+    row_block = torch.arange(n, device=dev).repeat_interleave(block_size)
+    row_seq, row_anchor = seq[row_block], anchor[row_block]
+    block_pos = row_anchor + torch.arange(block_size, device=dev).repeat(n)
+    sees_ctx = (ctx_seq[None, :] == row_seq[:, None]) & (ctx_pos[None, :] < row_anchor[:, None])
+    sees_block = row_block[:, None] == row_block[None, :]
+    return ctx_seq, ctx_pos, block_pos, torch.cat([sees_ctx, sees_block], dim=1)
+
+
+def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen=None):
+    """Run the drafter on all blocks of a micro-batch. features [S, T, n*H] (right-padded per
+    sequence). Noise is added to the gathered context, scaled by each token's feature RMS so the
+    scale means the same at any width. Returns the student hidden [N, B, H]."""
+    n, b = blocks.input_ids.shape
+    dev = features.device
+    seq, anchor = blocks.seq.to(dev), blocks.anchor.to(dev)
+    ctx_seq, ctx_pos, block_pos, mask = block_attention_inputs(seq, anchor, b)
+    ctx = features[ctx_seq, ctx_pos]
+    if noise_scale > 0:
+        rms = ctx.float().pow(2).mean(-1, keepdim=True).sqrt()
+        eps = torch.randn(ctx.shape, generator=gen, device="cpu").to(dev)
+        ctx = (ctx.float() + noise_scale * rms * eps).to(ctx.dtype)
+    emb = F.embedding(blocks.input_ids.to(dev).reshape(-1), embed_weight)
+    out = drafter(emb, ctx, ctx_pos, block_pos, mask)
+    return out.view(n, b, -1)
+
+
+class HiddenStateProducer:
+    """The frozen target, one replica per target device; produces features for micro-batches."""
+
+    def __init__(self, model_dir, devices, layer_ids, out_device, on_status=None):
+        from transformers import AutoModelForCausalLM
+
+        self.layer_ids, self.out_device, self.replicas, self._next = list(layer_ids), out_device, [], 0
+        for i, dev in enumerate(devices):
+            if on_status:
+                on_status(f"loading target {i + 1}/{len(devices)} on {dev}")
+            dtype = torch.float32 if dev == "cpu" else torch.bfloat16
+            model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype,
+                                                         attn_implementation="sdpa")
+            model.to(dev).eval().requires_grad_(False)
+            self.replicas.append((dev, model))
+            if on_status:
+                on_status(f"target {i + 1}/{len(devices)} loaded")
+        model = self.replicas[0][1]
+        self.config = model.config
+        # The drafter's frozen embedding and LM head, on the drafter's device, in its dtype.
+        self.embed_weight = model.get_input_embeddings().weight.detach().to(out_device)
+        self.lm_head_weight = model.get_output_embeddings().weight.detach().to(out_device)
+
+    @torch.no_grad()
+    def forward(self, input_ids, attention_mask=None, replica=None):
+        """input_ids [S, T] -> (features [S, T, n*H], last normed hidden [S, T, H]) on out_device."""
+        if replica is None:
+            replica = self._next
+            self._next = (self._next + 1) % len(self.replicas)
+        dev, model = self.replicas[replica]
+        decoder = model.get_decoder()
+        captured = {}
+        hooks = [decoder.layers[i].register_forward_hook(
+            lambda _m, _inp, out, i=i: captured.__setitem__(i, out[0] if isinstance(out, tuple) else out))
+            for i in sorted(set(self.layer_ids))]
+        try:
+            out = decoder(input_ids=input_ids.to(dev),
+                          attention_mask=None if attention_mask is None else attention_mask.to(dev), use_cache=False)
+        finally:
+            for h in hooks:
+                h.remove()
+        feats = torch.cat([captured[i] for i in self.layer_ids], dim=-1)
+        return feats.to(self.out_device), out.last_hidden_state.to(self.out_device)
+
+    def produce(self, seqs):
+        """A micro-batch of token arrays -> (features, last hidden, lengths), right-padded."""
+        lengths = torch.tensor([len(s) for s in seqs])
+        t = int(lengths.max())
+        ids = torch.zeros(len(seqs), t, dtype=torch.long)
+        attn = torch.zeros(len(seqs), t, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+            attn[i, : len(s)] = 1
+        feats, last = self.forward(ids, attn)
+        return feats, last, lengths
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.replicas[0][1].parameters())
+
+
+def save_config(config: DrafterConfig, path) -> None:
+    Path(path).write_text(json.dumps(config.to_dict(), indent=1) + "\n")
+
+
+def load_drafter(checkpoint_dir, device="cpu") -> DFlashDrafter:
+    """A drafter from a checkpoint directory alone (drafter.safetensors + config.json)."""
+    from safetensors.torch import load_file
+
+    d = Path(checkpoint_dir)
+    cfg = DrafterConfig.from_dict(json.loads((d / "config.json").read_text()))
+    drafter = DFlashDrafter(cfg)
+    drafter.load_state_dict(load_file(str(d / "drafter.safetensors"), device=str(device)))
+    return drafter.to(device).eval()
+

@@ -1,0 +1,143 @@
+"""`dflash-tiny OUT`: a tiny Qwen3 target and a data set sampled from it, in well under a minute.
+
+The target is a real transformers Qwen3ForCausalLM (random init), trained briefly on a synthetic
+"phrase language": a fixed set of short token phrases, chained by a sparse Markov rule (each
+phrase has one dominant successor). Inside a phrase the next token is determined; between
+phrases it is mostly determined. So the target becomes predictable quickly, its greedy
+continuations are long runs a drafter can learn to guess, and an untrained drafter scores
+tau near 1: exactly the contrast the trainer's quality bar needs.
+
+Writes
+    OUT/model/                      config.json + model.safetensors (load with local_files_only)
+    OUT/data/train-00000.parquet    input_ids = prompt + completion sampled from the target,
+                                    loss_mask = 0 on the prompt, 1 on the completion
+    OUT/data/eval/prompts.jsonl     held-out prompts {"input_ids": [...]} for dflash-eval
+Everything is deterministic from --seed.
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+PAD = 0
+
+
+class PhraseLanguage:
+    def __init__(self, vocab_size: int, seed: int, num_phrases: int = 40, dominant: float = 0.75):
+        rng = np.random.default_rng([seed, 1])
+        self.rng = np.random.default_rng([seed, 2])
+        usable = np.arange(1, vocab_size - 1)  # 0 = pad, vocab-1 = the drafter's mask row
+        self.phrases = [rng.choice(usable, size=int(rng.integers(3, 9)), replace=False) for _ in range(num_phrases)]
+        self.succ = np.full((num_phrases, num_phrases), (1 - dominant) / (num_phrases - 1))
+        for i in range(num_phrases):
+            self.succ[i, (i * 7 + 3 + int(rng.integers(0, num_phrases - 1))) % num_phrases] = dominant
+        self.succ /= self.succ.sum(1, keepdims=True)
+
+    def sample(self, length: int) -> np.ndarray:
+        out, p = [], int(self.rng.integers(len(self.phrases)))
+        while len(out) < length + 4:
+            out.extend(self.phrases[p].tolist())
+            p = int(self.rng.choice(len(self.phrases), p=self.succ[p]))
+        start = int(self.rng.integers(0, 4))  # do not always start on a phrase boundary
+        return np.asarray(out[start:start + length], dtype=np.int64)
+
+
+def make_target(vocab_size, hidden, layers, seed):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=hidden // 4, max_position_embeddings=1024, tie_word_embeddings=False,
+                      pad_token_id=PAD, bos_token_id=None, eos_token_id=None)
+    return Qwen3ForCausalLM(cfg)
+
+
+def train_target(model, lang, steps, batch, seq_len, lr=3e-3, log=print):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / steps))
+    model.train()
+    for step in range(steps):
+        x = torch.from_numpy(np.stack([lang.sample(seq_len) for _ in range(batch)]))
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == steps - 1:
+            log(f"tiny target step {step}: loss {loss.item():.3f}")
+    model.eval()
+    return float(loss)
+
+
+@torch.no_grad()
+def sample(model, prompts, new_tokens, gen, temperature=1.0):
+    """Sample completions for equal-length prompts (no KV cache needed at this size)."""
+    x = prompts
+    for _ in range(new_tokens):
+        logits = model(input_ids=x).logits[:, -1].float() / temperature
+        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+        x = torch.cat([x, nxt], dim=1)
+    return x
+
+
+def build(out, seed=0, vocab=256, hidden=128, layers=4, steps=250, num_seqs=768, prompt_len=16,
+          completion_len=80, num_eval=48, log=print):
+    out = Path(out)
+    t0 = time.time()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    lang = PhraseLanguage(vocab, seed)
+    model = make_target(vocab, hidden, layers, seed)
+    loss = train_target(model, lang, steps, batch=32, seq_len=prompt_len + completion_len, log=log)
+    (out / "model").mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out / "model")
+
+    gen = torch.Generator().manual_seed(seed)
+    rows_ids, rows_mask = [], []
+    for s in range(0, num_seqs, 128):
+        n = min(128, num_seqs - s)
+        prompts = torch.from_numpy(np.stack([lang.sample(prompt_len) for _ in range(n)]))
+        full = sample(model, prompts, completion_len, gen)
+        for r in full.tolist():
+            rows_ids.append(r)
+            rows_mask.append([0] * prompt_len + [1] * completion_len)
+    (out / "data" / "eval").mkdir(parents=True, exist_ok=True)
+    table = pa.table({"input_ids": pa.array(rows_ids, pa.list_(pa.int32())),
+                      "loss_mask": pa.array(rows_mask, pa.list_(pa.int8()))})
+    pq.write_table(table, out / "data" / "train-00000.parquet")
+    with open(out / "data" / "eval" / "prompts.jsonl", "w") as f:
+        for _ in range(num_eval):
+            f.write(json.dumps({"input_ids": lang.sample(prompt_len).tolist()}) + "\n")
+    info = {"seed": seed, "vocab_size": vocab, "hidden_size": hidden, "num_layers": layers, "train_steps": steps,
+            "final_lm_loss": loss, "num_sequences": num_seqs, "seconds": round(time.time() - t0, 1)}
+    (out / "tiny.json").write_text(json.dumps(info, indent=1) + "\n")
+    log(f"tiny assets in {out}: model/, data/ ({num_seqs} sequences), data/eval/prompts.jsonl "
+        f"({num_eval} prompts), {info['seconds']} s")
+    return info
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="dflash-tiny", description="Write a tiny Qwen3 target (OUT/model) and data "
+                                "sampled from it (OUT/data) for CPU runs and tests. Deterministic from --seed.")
+    p.add_argument("out")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab-size", type=int, default=256)
+    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--num-layers", type=int, default=4)
+    p.add_argument("--train-steps", type=int, default=250)
+    p.add_argument("--num-sequences", type=int, default=768)
+    p.add_argument("--completion-len", type=int, default=80)
+    a = p.parse_args(argv)
+    build(a.out, seed=a.seed, vocab=a.vocab_size, hidden=a.hidden_size, layers=a.num_layers, steps=a.train_steps,
+          num_seqs=a.num_sequences, completion_len=a.completion_len)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

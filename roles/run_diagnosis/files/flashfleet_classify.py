@@ -359,7 +359,7 @@ class Finding:
 
     def __init__(self, verdict: str, reason: str, lines: list[str], next_step: str | None = None, **extra):
         self.verdict = verdict
-        self.reason = reason
+        self.reason = " / ".join(part.strip() for part in reason.splitlines() if part.strip())
         self.lines = lines
         self.next_step = next_step or NEXT_STEPS.get(verdict.split("-")[0] + "-xid" if verdict.startswith("gpu-xid-") else verdict)
         self.extra = extra

@@ -3,6 +3,18 @@
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import time
+
 DOCUMENTATION = r"""
 module: flashfleet_evidence
 short_description: Gather the evidence of why a flashfleet training run is (not) running
@@ -42,18 +54,6 @@ evidence:
   returned: always
   type: dict
 """
-
-import csv
-import hashlib
-import io
-import json
-import os
-import re
-import shutil
-import socket
-import struct
-import subprocess
-import time
 
 try:
     from ansible.module_utils.basic import AnsibleModule
@@ -198,7 +198,7 @@ def parse_nvidia_smi_csv(text, fields):
     for row in csv.reader(io.StringIO(text)):
         if not row or len(row) != len(fields):
             continue
-        rows.append({f: v.strip() for f, v in zip(fields, row)})
+        rows.append({f: v.strip() for f, v in zip(fields, row, strict=True)})
     return rows
 
 
@@ -354,8 +354,9 @@ def free_space(path):
 def unit_cgroup_default(unit):
     prefix, _, _ = unit.partition("@")
     if "@" in unit:
-        return "/system.slice/system-%s.slice/%s" % (prefix.replace("-", "\\x2d"), unit)
-    return "/system.slice/%s" % unit
+        escaped = prefix.replace("-", "\\x2d")
+        return f"/system.slice/system-{escaped}.slice/{unit}"
+    return f"/system.slice/{unit}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,7 +416,7 @@ def gather_kernel(host, since, scan, keep):
             argv = ["journalctl", "-k", "-b", boot, "-o", "json", "--no-pager", "-q", "-n", str(scan),
                     "--output-fields=MESSAGE,PRIORITY,_BOOT_ID,_TRANSPORT,SYSLOG_IDENTIFIER"]
             if since is not None:
-                argv += ["--since", "@%d" % int(since)]
+                argv += ["--since", f"@{int(since)}"]
             rc, out, err = host.run(argv)
             if rc != 0:
                 if boot == "0":
@@ -497,6 +498,9 @@ def gather_cgroup(unit, control_group):
     errors = []
     for key, cg in (("unit", path), ("slice", slice_path)):
         found = {"path": cg}
+        if not os.path.isdir(base + cg):
+            errors.append(f"{base + cg}: no such cgroup (unit not running, or not visible here)")
+            continue
         for name in files:
             fpath = base + cg + "/" + name
             try:

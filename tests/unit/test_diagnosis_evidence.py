@@ -1,0 +1,208 @@
+"""The evidence module's parsers on recorded text, and gather() end to end against stub commands."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fe = _load("flashfleet_evidence", ROOT / "roles/run_diagnosis/library/flashfleet_evidence.py")
+fc = _load("flashfleet_classify", ROOT / "roles/run_diagnosis/files/flashfleet_classify.py")
+
+# systemd 252, `systemctl show -p ... --timestamp=unix` after `kill -9` of the main process
+SYSTEMCTL_SHOW = """Type=notify
+Restart=on-failure
+NotifyAccess=main
+WatchdogUSec=5min
+RestartPreventExitStatus=78
+OOMPolicy=stop
+MemoryMax=infinity
+LoadState=loaded
+ActiveState=failed
+SubState=failed
+Result=signal
+ExecMainCode=2
+ExecMainStatus=9
+ExecMainPID=812
+MainPID=0
+NRestarts=0
+InvocationID=6c1e0d6b2f0a4d5c9e8f7a6b5c4d3e21
+ExecMainStartTimestamp=@1764525600.000000
+ExecMainExitTimestamp=@1764527101.000000
+ControlGroup=
+StatusText=step 1400
+FragmentPath=/etc/systemd/system/flashfleet-train@.service
+"""
+
+JOURNAL = "\n".join(json.dumps(e) for e in [
+    {"__REALTIME_TIMESTAMP": "1764525600000000", "_PID": "1", "_SYSTEMD_UNIT": "init.scope",
+     "UNIT": "flashfleet-train@v2.service", "INVOCATION_ID": "6c1e0d6b2f0a4d5c9e8f7a6b5c4d3e21",
+     "MESSAGE_ID": "7d4958e842da4a758f6c1cdc7b36dcc5", "PRIORITY": "6",
+     "MESSAGE": "Starting flashfleet-train@v2.service - flashfleet DFlash training run v2..."},
+    {"__REALTIME_TIMESTAMP": "1764525655000000", "_PID": "1", "_SYSTEMD_UNIT": "init.scope",
+     "UNIT": "flashfleet-train@v2.service", "INVOCATION_ID": "6c1e0d6b2f0a4d5c9e8f7a6b5c4d3e21",
+     "MESSAGE_ID": "39f53479d3a045ac8e11786248231fbf", "PRIORITY": "6",
+     "MESSAGE": "Started flashfleet-train@v2.service - flashfleet DFlash training run v2."},
+    {"__REALTIME_TIMESTAMP": "1764526000000000", "_PID": "812", "_SYSTEMD_UNIT": "flashfleet-train@v2.service",
+     "_SYSTEMD_INVOCATION_ID": "6c1e0d6b2f0a4d5c9e8f7a6b5c4d3e21", "PRIORITY": "6",
+     "MESSAGE": [115, 116, 101, 112, 32, 255]},
+    {"__REALTIME_TIMESTAMP": "1764527101000000", "_PID": "1", "_SYSTEMD_UNIT": "init.scope",
+     "UNIT": "flashfleet-train@v2.service", "INVOCATION_ID": "6c1e0d6b2f0a4d5c9e8f7a6b5c4d3e21",
+     "MESSAGE_ID": "98e322203f7a4ed290d09fe03c09fe15", "PRIORITY": "4", "EXIT_CODE": "killed", "EXIT_STATUS": "9",
+     "MESSAGE": "flashfleet-train@v2.service: Main process exited, code=killed, status=9/KILL"},
+    {"__REALTIME_TIMESTAMP": "1764527101000100", "_PID": "1", "_SYSTEMD_UNIT": "init.scope",
+     "UNIT": "flashfleet-train@v2.service", "INVOCATION_ID": "6c1e0d6b2f0a4d5c9e8f7a6b5c4d3e21",
+     "MESSAGE_ID": "d9b373ed55a64feb8242e02dbe79a49c", "PRIORITY": "4", "UNIT_RESULT": "signal",
+     "MESSAGE": "flashfleet-train@v2.service: Failed with result 'signal'."},
+]) + "\nnot json\n"
+
+# platform.md: a container limit exceeded, as dmesg prints it (default format and --time-format iso)
+DMESG_MONO = (
+    "[ 5021.118230] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=libpod-5d1c,mems_allowed=0,"
+    "oom_memcg=/libpod_parent/libpod-5d1c,task_memcg=/libpod_parent/libpod-5d1c,task=python3,pid=811234,uid=0\n"
+    "[ 5021.118301] Memory cgroup out of memory: Killed process 811234 (python3) total-vm:412000kB, "
+    "anon-rss:64960kB, file-rss:2048kB, shmem-rss:0kB, UID:0 pgtables:900kB oom_score_adj:0\n"
+    "[ 5030.000001] eth0: renamed from veth1234\n"
+)
+DMESG_ISO = "2025-11-30T18:25:01,118230+00:00 Memory cgroup out of memory: Killed process 811234 (python3) total-vm:1kB\n"
+
+
+def test_parse_systemctl_show():
+    props = fe.parse_systemctl_show(SYSTEMCTL_SHOW)
+    assert props["Result"] == "signal" and props["ExecMainCode"] == "2" and props["ExecMainStatus"] == "9"
+    assert props["ControlGroup"] == "" and props["StatusText"] == "step 1400"
+    assert fc.parse_systemd_time(props["ExecMainExitTimestamp"]) == 1764527101.0
+
+
+def test_parse_journal_json_and_byte_messages():
+    entries = fe.parse_journal_json(JOURNAL)
+    assert len(entries) == 5
+    assert fe.journal_message(entries[2]) == "step \ufffd"
+    assert fe.parse_journal_json(JOURNAL, limit=2) == entries[-2:]
+
+
+def test_parse_dmesg_lines():
+    lines = [fe.parse_dmesg_line(x, boot_time=1764521580.0) for x in DMESG_MONO.splitlines()]
+    assert lines[0]["__REALTIME_TIMESTAMP"] == str(int((1764521580.0 + 5021.118230) * 1e6))
+    assert lines[1]["MESSAGE"].startswith("Memory cgroup out of memory: Killed process 811234")
+    assert [fe.kernel_interesting(e["MESSAGE"]) for e in lines] == [True, True, False]
+    iso = fe.parse_dmesg_line(DMESG_ISO.strip())
+    assert iso["__REALTIME_TIMESTAMP"] == "1764527101118230"
+    assert fe.parse_dmesg_line("<4>[   1.5] NVRM: loading")["MESSAGE"] == "NVRM: loading"
+    assert fe.parse_dmesg_line("   ") is None
+
+
+def test_parse_lock_and_drift():
+    lock = ("# locked by uv\nwandb==0.31.0 \\\n    --hash=sha256:abc\npydantic==2.14.4  # via wandb\n"
+            "torch==2.13.0+cpu ; sys_platform == 'linux'\nuvicorn[standard]==0.30.0\n-e .\n")
+    pins = fe.parse_lock(lock)
+    assert pins == {"wandb": "0.31.0", "pydantic": "2.14.4", "torch": "2.13.0+cpu", "uvicorn": "0.30.0"}
+    drift, missing = fe.compare_versions(pins, {"wandb": "0.27.0", "Pydantic": "2.14.4", "torch": "2.13.0"})
+    assert drift == [{"name": "wandb", "locked": "0.31.0", "installed": "0.27.0"}]
+    assert missing == ["uvicorn"]
+
+
+def test_memory_events_and_nvidia_smi():
+    assert fe.parse_memory_events("low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n")["oom_kill"] == 1
+    assert fe.parse_memory_events("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")["oom_kill"] == 3
+    fields = ("index", "name", "pci.bus_id")
+    rows = fe.parse_nvidia_smi_csv("0, NVIDIA H200, 00000000:19:00.0\n1, NVIDIA H200, 00000000:3B:00.0\n", fields)
+    assert rows[1] == {"index": "1", "name": "NVIDIA H200", "pci.bus_id": "00000000:3B:00.0"}
+
+
+def _safetensors(path: Path, data_len: int, claimed: int | None = None):
+    header = json.dumps({"w": {"dtype": "F32", "shape": [data_len // 4], "data_offsets": [0, claimed or data_len]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * data_len)
+
+
+def test_checkpoint_state(tmp_path):
+    ck = tmp_path / "checkpoints"
+    for step, good in ((1000, True), (2000, True), (3000, False)):
+        d = ck / f"step-{step:08d}"
+        d.mkdir(parents=True)
+        _safetensors(d / "drafter.safetensors", 64, None if good else 128)
+        size = (d / "drafter.safetensors").stat().st_size
+        (d / "manifest.json").write_text(json.dumps({"files": [{"name": "drafter.safetensors", "size": size, "sha256": "x"}]}))
+    (ck / "step-00004000").mkdir()  # no manifest: not complete
+    (ck / ".tmp-step-00005000").mkdir()
+    state = fe.checkpoint_state(str(ck))
+    assert state["newest"]["name"] == "step-00002000"
+    assert [c["name"] for c in state["incomplete"]] == ["step-00003000", "step-00004000"]
+    assert "data size mismatch" in state["incomplete"][0]["problems"][0]
+    assert state["in_progress"][0]["name"] == ".tmp-step-00005000"
+    assert fe.checkpoint_state(str(tmp_path / "none"))["readable"] is False
+    with_sum = fe.checkpoint_state(str(ck), checksum=True)
+    assert with_sum["newest"] is None  # the manifests' "x" sums do not match
+
+
+def _stub(bindir: Path, name: str, body: str):
+    path = bindir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def stubbed_host(tmp_path, monkeypatch):
+    """systemctl/journalctl/dmesg stubs that replay the recorded text above; dmesg is restricted."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (tmp_path / "show.txt").write_text(SYSTEMCTL_SHOW)
+    (tmp_path / "journal.json").write_text(JOURNAL)
+    _stub(bindir, "systemctl", f'cat "{tmp_path}/show.txt"\n')
+    _stub(bindir, "journalctl", f'case "$*" in *-k*) exit 0;; esac\ncat "{tmp_path}/journal.json"\n')
+    _stub(bindir, "dmesg", 'echo "dmesg: read kernel buffer failed: Operation not permitted" >&2\nexit 1\n')
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "status.json").write_text(json.dumps({"phase": "training", "step": 1400, "ready": True, "pid": 812,
+                                                 "started": 1764525600.0, "updated": 1764527100.0}))
+    (out / "metrics.jsonl").write_text('{"step": 1399}\n{"step": 1400, "loss": 2.5}\n{"trunc')
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / "flashfleet.lock").write_text("pytest==0.0.1\nno-such-package==1.0\n")
+    return {"run": "v2", "output_dir": str(out), "venv": str(venv), "config_dir": str(tmp_path / "etc"),
+            "shm": str(tmp_path)}
+
+
+def test_gather_end_to_end_unreadable_kernel(stubbed_host):
+    ev = fe.gather(stubbed_host)
+    assert ev["unit_props"]["properties"]["Result"] == "signal"
+    assert len(ev["journal"]["entries"]) == 5
+    assert ev["kernel"]["readable"] is False
+    assert "Operation not permitted" in ev["kernel"]["error"]
+    assert ev["metrics"]["last"] == {"step": 1400, "loss": 2.5}
+    assert ev["venv"]["readable"] and ev["venv"]["drift"][0]["name"] == "pytest"
+    assert ev["venv"]["missing"] == ["no-such-package"]
+    assert ev["disk"]["output_dir"]["free_bytes"] > 0
+    assert ev["elapsed_s"] < 10
+    json.dumps(ev)  # the fixture format is plain JSON
+    verdict = fc.classify(ev)
+    assert verdict["verdict"] == "killed-by-signal"
+    assert "kernel log unreadable, OOM not ruled out" in verdict["reason"]
+
+
+def test_gather_reads_dmesg_when_the_journal_has_no_kernel_lines(stubbed_host, tmp_path):
+    bindir = Path(os.environ["PATH"].split(":")[0])
+    (tmp_path / "dmesg.txt").write_text(DMESG_ISO.replace("18:25:01", "18:25:00"))
+    _stub(bindir, "dmesg", f'cat "{tmp_path}/dmesg.txt"\n')
+    ev = fe.gather(stubbed_host)
+    assert ev["kernel"]["readable"] and ev["kernel"]["source"] == "dmesg"
+    assert len(ev["kernel"]["entries"]) == 1
+    verdict = fc.classify(ev)
+    assert verdict["verdict"] == "cgroup-oom-kill" and "tied by time" in verdict["reason"]

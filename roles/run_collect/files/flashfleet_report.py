@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Write runs/<run>/report.html from what collect.yml brought home: one self-contained file.
+
+    python3 roles/run_collect/files/flashfleet_report.py runs/v2            # -> runs/v2/report.html
+    python3 roles/run_collect/files/flashfleet_report.py runs/v2 -o /tmp/r.html
+
+Reads, per host directory: metrics.jsonl (one record per optimizer step), status.json and
+diagnosis.json (any may be missing). Plots are PNGs (matplotlib, Agg) embedded as base64, so the
+file opens in any browser, offline, and can be mailed around. Needs matplotlib; nothing else
+outside the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+# (title, y label, [(metric key, label)], log scale)
+PLOTS = (
+    ("Loss and its parts", "loss", [("loss", "loss"), ("ce", "CE"), ("kl", "KL")], False),
+    ("Learning rate", "lr", [("lr", "lr")], False),
+    ("Noise scale", "noise", [("noise", "noise")], False),
+    ("Acceptance", "acceptance", [("accept_proxy", "accept proxy"), ("tau", "tau")], False),
+    ("Throughput", "per second", [("target_tokens_per_s", "target tokens/s"),
+                                  ("drafter_rows_per_s", "drafter rows/s")], True),
+    ("Peak memory", "GiB", [("peak_mem_gib", "peak memory")], False),
+)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    records = []
+    try:
+        with path.open() as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by a crash or an in-progress write
+                if isinstance(rec, dict):
+                    if isinstance(rec.get("peak_mem_bytes"), (int, float)):
+                        rec["peak_mem_gib"] = rec["peak_mem_bytes"] / 2**30
+                    records.append(rec)
+    except OSError:
+        pass
+    return records
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def load_run(run_dir: Path) -> dict[str, dict]:
+    hosts = {}
+    for d in sorted(p for p in run_dir.iterdir() if p.is_dir()):
+        host = {"metrics": read_metrics(d / "metrics.jsonl"), "status": read_json(d / "status.json"),
+                "diagnosis": read_json(d / "diagnosis.json")}
+        if host["metrics"] or host["status"] or host["diagnosis"]:
+            hosts[d.name] = host
+    return hosts
+
+
+def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for i, r in enumerate(records):
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            xs.append(r.get("step", i))
+            ys.append(v)
+    return xs, ys
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def plots(hosts: dict[str, dict]) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    styles = ("-", "--", ":", "-.")
+    out = []
+    for title, ylabel, keys, log in PLOTS:
+        fig, ax = plt.subplots(figsize=(8, 3.6))
+        drawn = 0
+        for hi, (name, host) in enumerate(hosts.items()):
+            for ki, (key, label) in enumerate(keys):
+                xs, ys = _series(host["metrics"], key)
+                if not ys:
+                    continue
+                lbl = f"{name}: {label}" if len(hosts) > 1 else label
+                if len(ys) == 1:
+                    ax.plot(xs, ys, marker="o", linestyle="", label=lbl, color=f"C{hi * len(keys) + ki}")
+                else:
+                    ax.plot(xs, ys, linestyle=styles[ki % len(styles)], label=lbl, color=f"C{hi * len(keys) + ki}")
+                drawn += 1
+        if not drawn:
+            plt.close(fig)
+            continue
+        ax.set_title(title)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        out.append((title, _png(fig)))
+        plt.close(fig)
+    # acceptance per block position, from the last record that has it
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    drawn = 0
+    for hi, (name, host) in enumerate(hosts.items()):
+        last = next((r for r in reversed(host["metrics"]) if isinstance(r.get("acc"), list) and r["acc"]), None)
+        if last:
+            ax.plot(range(1, len(last["acc"]) + 1), last["acc"], marker="o", color=f"C{hi}",
+                    label=f"{name} (step {last.get('step')})")
+            drawn += 1
+    if drawn:
+        ax.set_title("Accuracy by block position (last step)")
+        ax.set_xlabel("position in block")
+        ax.set_ylabel("accuracy")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        out.append(("Accuracy by block position", _png(fig)))
+    plt.close(fig)
+    return out
+
+
+def _fmt(v, digits=4) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def summary_rows(hosts: dict[str, dict]) -> list[list[str]]:
+    rows = []
+    for name, h in hosts.items():
+        last = h["metrics"][-1] if h["metrics"] else {}
+        tau = next((r["tau"] for r in reversed(h["metrics"]) if isinstance(r.get("tau"), (int, float))), None)
+        d, s = h["diagnosis"], h["status"]
+        rows.append([name, d.get("verdict", "-"), s.get("phase", "-"), _fmt(s.get("step", last.get("step"))),
+                     _fmt(s.get("epoch", last.get("epoch"))), d.get("newest_checkpoint") or s.get("newest_checkpoint") or "-",
+                     _fmt(last.get("loss")), _fmt(last.get("accept_proxy")), _fmt(tau),
+                     _fmt(last.get("target_tokens_per_s"), 6), _fmt(last.get("drafter_rows_per_s"), 6),
+                     str(len(h["metrics"])), d.get("reason") or "-"])
+    return rows
+
+
+HEAD = ("host", "verdict", "phase", "step", "epoch", "newest checkpoint", "loss", "accept proxy", "tau",
+        "target tok/s", "drafter rows/s", "records", "reason")
+
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;font-size:.9em}
+td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}th{background:#f3f3f3}
+figure{margin:1.5em 0}figcaption{font-weight:600;margin-bottom:.3em}img{max-width:100%}
+.v-running,.v-completed{color:#176117}.v-unknown,.v-stopped{color:#7a5b00}.bad{color:#a01010}"""
+
+
+def render(run: str, hosts: dict[str, dict]) -> str:
+    figs = plots(hosts) if any(h["metrics"] for h in hosts.values()) else []
+    e = html.escape
+    rows = []
+    for r in summary_rows(hosts):
+        cls = f"v-{r[1]}" if r[1] in ("running", "completed", "unknown", "stopped") else "bad"
+        cells = [f"<td>{e(c)}</td>" for c in r]
+        cells[1] = f'<td class="{cls}">{e(r[1])}</td>'
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>flashfleet run {e(run)}</title><style>{CSS}</style></head><body>",
+        f"<h1>Run {e(run)}</h1>",
+        f"<p>Generated {e(time.strftime('%Y-%m-%d %H:%M:%S %Z'))} from {len(hosts)} host(s).</p>",
+        "<h2>Hosts</h2>", '<table id="summary"><thead><tr>' + "".join(f"<th>{e(h)}</th>" for h in HEAD)
+        + "</tr></thead><tbody>", *rows, "</tbody></table>", "<h2>Training curves</h2>",
+    ]
+    if not figs:
+        parts.append("<p>No metrics records yet.</p>")
+    for title, b64 in figs:
+        parts.append(f'<figure class="plot"><figcaption>{e(title)}</figcaption>'
+                     f'<img alt="{e(title)}" src="data:image/png;base64,{b64}"></figure>')
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def write_report(run_dir: Path, output: Path | None = None) -> Path:
+    run_dir = Path(run_dir)
+    hosts = load_run(run_dir)
+    output = Path(output) if output else run_dir / "report.html"
+    tmp = output.with_suffix(".html.tmp")
+    tmp.write_text(render(run_dir.name, hosts))
+    tmp.replace(output)
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path, help="runs/<run> as collect.yml wrote it")
+    ap.add_argument("-o", "--output", type=Path, help="default: RUN_DIR/report.html")
+    args = ap.parse_args(argv)
+    if not args.run_dir.is_dir():
+        print(f"{args.run_dir}: not a directory", file=sys.stderr)
+        return 2
+    print(write_report(args.run_dir, args.output))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

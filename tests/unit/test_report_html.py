@@ -1,0 +1,74 @@
+"""report.html from a synthetic run directory: table, every plot, PNGs embedded and valid."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = ROOT / "roles" / "run_collect" / "files" / "flashfleet_report.py"
+spec = importlib.util.spec_from_file_location("flashfleet_report", REPORT)
+fr = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fr)
+
+
+def _metrics(n: int, t0: float = 1_764_525_600.0) -> str:
+    lines = []
+    for step in range(1, n + 1):
+        lines.append(json.dumps({
+            "step": step, "epoch": step // 50, "time": t0 + 2 * step, "loss": 3.0 / (1 + step / 20),
+            "ce": 2.0 / (1 + step / 20), "kl": 1.0 / (1 + step / 20), "lr": 6e-4 * min(1, step / 10),
+            "noise": 0.1 - 0.09 * step / n, "acc": [0.9 - 0.05 * i for i in range(16)],
+            "accept_proxy": 1 + 3 * step / n, "target_tokens_per_s": 50000.0 + step,
+            "drafter_rows_per_s": 120.0, "peak_mem_bytes": 3 * 2**30}))
+    lines.append(json.dumps({"step": n, "tau": 4.12}))
+    return "\n".join(lines) + "\n" + '{"step": 10'  # a line cut by a crash
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    run = tmp_path / "v2"
+    (run / "gpu01").mkdir(parents=True)
+    (run / "gpu01" / "metrics.jsonl").write_text(_metrics(120))
+    (run / "gpu01" / "status.json").write_text(json.dumps({"phase": "completed", "step": 120, "epoch": 2}))
+    (run / "gpu01" / "diagnosis.json").write_text(json.dumps(
+        {"verdict": "completed", "reason": "finished <ok>", "newest_checkpoint": "step-00000120"}))
+    (run / "gpu02").mkdir()
+    (run / "gpu02" / "diagnosis.json").write_text(json.dumps({"verdict": "init-crash", "reason": "ValidationError"}))
+    return run
+
+
+def test_report_has_table_and_all_plots(run_dir):
+    out = fr.write_report(run_dir)
+    text = out.read_text()
+    assert out == run_dir / "report.html"
+    assert "gpu01" in text and "gpu02" in text and "init-crash" in text
+    assert "finished &lt;ok&gt;" in text, "cells are escaped"
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
+    titles = re.findall(r"<figcaption>([^<]+)</figcaption>", text)
+    assert titles == ["Loss and its parts", "Learning rate", "Noise scale", "Acceptance", "Throughput",
+                      "Peak memory", "Accuracy by block position"]
+    assert len(images) == len(titles)
+    for b64 in images:
+        png = base64.b64decode(b64)
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000
+    assert "4.12" in text  # tau in the summary
+    assert "http" not in text.replace("http-equiv", ""), "no external resources"
+
+
+def test_report_without_metrics_and_cli(run_dir, tmp_path):
+    (run_dir / "gpu01" / "metrics.jsonl").unlink()
+    res = subprocess.run([sys.executable, str(REPORT), str(run_dir), "-o", str(tmp_path / "r.html")],
+                         capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == str(tmp_path / "r.html")
+    text = (tmp_path / "r.html").read_text()
+    assert "No metrics records yet." in text and "<img" not in text

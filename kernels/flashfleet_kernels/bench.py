@@ -154,7 +154,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--chunk-size", type=int, default=None)
     p.add_argument("--breakdown", action="store_true", help="time the fused loop phase by phase")
-    p.add_argument("--sweep", action="store_true", help="try chunk sizes / blocks / warps")
+    p.add_argument("--sweep", action="store_true", help="try chunk sizes / blocks / warps at --n[0]")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("the benchmark needs a CUDA GPU", file=sys.stderr)
@@ -173,13 +173,15 @@ def main(argv=None):
             print(f"# {name}: not available ({exc})")
 
     if args.sweep:
-        inputs = make_inputs(args.n[0], args.v[0], args.d)
-        for chunk in (512, 1024, 1280, 2048):
-            for block, warps in ((2048, 8), (4096, 8), (4096, 16), (8192, 16)):
-                fn = _ours(T, a, chunk_size=chunk, block_size=block, num_warps=warps)
-                ms, peak = measure(fn, inputs, args.reps, args.warmup)
-                print(f"sweep N={args.n[0]} V={args.v[0]} chunk={chunk} block={block} warps={warps}: "
-                      f"{ms:.1f} ms, {peak:.2f} GiB", flush=True)
+        for v in args.v:
+            inputs = make_inputs(args.n[0], v, args.d)
+            for chunk in (384, 512, 640, 768, 1024, 1280):
+                for block, warps in ((2048, 4), (4096, 8)):
+                    fn = _ours(T, a, chunk_size=chunk, block_size=block, num_warps=warps)
+                    ms, peak = measure(fn, inputs, args.reps, args.warmup)
+                    print(f"sweep N={args.n[0]} V={v} chunk={chunk} block={block} warps={warps}: "
+                          f"{ms:.1f} ms, {peak:.2f} GiB", flush=True)
+            del inputs
         return 0
 
     print("| N | V | impl | fwd+bwd ms | peak extra GiB | matmul TFLOP/s |")

@@ -39,7 +39,7 @@ printf 'PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\
   > /etc/ssh/sshd_config.d/flashfleet.conf
 echo 'deb http://deb.debian.org/debian bookworm main' > /etc/apt/sources.list
 apt-get clean
-rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
+apt-get update -qq  # fresh lists, so roles' cache_valid_time has a real stamp to compare
 CHROOT
 # Host keys generated at package install time would be shared by every node: regenerate them
 # at each container's first boot instead.

@@ -158,5 +158,6 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
         kl = (float(loss.detach()) - (1 - kw) * ce_w) / (kw * kl_temperature ** 2)
     counts = valid[:, 1:].sum(0).float()
     acc = (correct[:, 1:].sum(0).float() / counts).tolist()  # NaN where a position has no valid row
-    stats = {"ce": ce_w, "kl": kl, "acc": acc, "rows": int(valid.sum()), "weights": weights}
+    stats = {"ce": ce_w, "kl": kl, "acc": acc, "rows": int(valid.sum()), "weights": weights,
+             "correct": correct[:, 1:].sum(0).tolist(), "count": counts.tolist()}
     return loss, stats

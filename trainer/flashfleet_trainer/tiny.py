@@ -73,37 +73,32 @@ def train_target(model, lang, steps, batch, seq_len, lr=3e-3, log=print):
         if step % 50 == 0 or step == steps - 1:
             log(f"tiny target step {step}: loss {loss.item():.3f}")
     model.eval()
-    return float(loss)
+    return float(loss.detach())
 
 
 @torch.no_grad()
-def sample(model, prompts, new_tokens, gen, temperature=1.0):
-    """Sample completions for equal-length prompts (no KV cache needed at this size)."""
-    x = prompts
-    for _ in range(new_tokens):
-        logits = model(input_ids=x).logits[:, -1].float() / temperature
-        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
-        x = torch.cat([x, nxt], dim=1)
-    return x
+def sample(model, prompts, new_tokens, seed):
+    """Sample completions (temperature 1, full distribution) with the KV cache."""
+    torch.manual_seed(seed)
+    return model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0, top_p=1.0,
+                          temperature=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=PAD)
 
 
-def build(out, seed=0, vocab=256, hidden=128, layers=4, steps=250, num_seqs=768, prompt_len=16,
+def build(out, seed=0, vocab=256, hidden=128, layers=4, steps=150, num_seqs=512, prompt_len=16,
           completion_len=80, num_eval=48, log=print):
     out = Path(out)
     t0 = time.time()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     lang = PhraseLanguage(vocab, seed)
     model = make_target(vocab, hidden, layers, seed)
     loss = train_target(model, lang, steps, batch=32, seq_len=prompt_len + completion_len, log=log)
     (out / "model").mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out / "model")
 
-    gen = torch.Generator().manual_seed(seed)
     rows_ids, rows_mask = [], []
-    for s in range(0, num_seqs, 128):
-        n = min(128, num_seqs - s)
+    for s in range(0, num_seqs, 512):
+        n = min(512, num_seqs - s)
         prompts = torch.from_numpy(np.stack([lang.sample(prompt_len) for _ in range(n)]))
-        full = sample(model, prompts, completion_len, gen)
+        full = sample(model, prompts, completion_len, seed * 1000 + s)
         for r in full.tolist():
             rows_ids.append(r)
             rows_mask.append([0] * prompt_len + [1] * completion_len)
@@ -130,8 +125,8 @@ def main(argv=None):
     p.add_argument("--vocab-size", type=int, default=256)
     p.add_argument("--hidden-size", type=int, default=128)
     p.add_argument("--num-layers", type=int, default=4)
-    p.add_argument("--train-steps", type=int, default=250)
-    p.add_argument("--num-sequences", type=int, default=768)
+    p.add_argument("--train-steps", type=int, default=150)
+    p.add_argument("--num-sequences", type=int, default=512)
     p.add_argument("--completion-len", type=int, default=80)
     a = p.parse_args(argv)
     build(a.out, seed=a.seed, vocab=a.vocab_size, hidden=a.hidden_size, layers=a.num_layers, steps=a.train_steps,

@@ -1,0 +1,25 @@
+"""`dflash-train`: parse, run, and map failures to exit codes.
+
+0 = finished or stopped by SIGTERM after saving; 78 = configuration/start-up error, printed as
+ONE line on stderr (the unit does not restart on it); anything else propagates as a traceback
+(for the journal) after train.run has recorded it in status.json.
+"""
+
+import sys
+
+from .config import EX_CONFIG, ConfigError, parse_args
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+        from .train import run  # heavy imports (torch, transformers) after argument parsing
+
+        return run(args, log=lambda s: print(s, flush=True))
+    except ConfigError as e:
+        print(e.line(), file=sys.stderr, flush=True)
+        return EX_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

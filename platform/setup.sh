@@ -4,21 +4,21 @@
 # Never edits /etc/containers; the project's own settings live in platform/containers.conf.
 set -euo pipefail
 missing=()
-for tool in podman runc debootstrap ssh-keygen; do
+for tool in podman runc debootstrap ssh-keygen rsync; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "platform: podman, runc, debootstrap and ssh already installed"
+  echo "platform: podman, runc, debootstrap, ssh and rsync already installed"
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "platform: missing ${missing[*]}; run 'make platform' as root (apt-get install)" >&2
   exit 1
 fi
-echo "platform: installing podman runc debootstrap openssh-client (missing: ${missing[*]})"
+echo "platform: installing podman runc debootstrap openssh-client rsync (missing: ${missing[*]})"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends podman runc debootstrap openssh-client \
+apt-get install -y -qq --no-install-recommends podman runc debootstrap openssh-client rsync \
   uidmap slirp4netns fuse-overlayfs iptables netavark aardvark-dns >/dev/null \
-  || apt-get install -y -qq --no-install-recommends podman runc debootstrap openssh-client >/dev/null
+  || apt-get install -y -qq --no-install-recommends podman runc debootstrap openssh-client rsync >/dev/null
 podman --version

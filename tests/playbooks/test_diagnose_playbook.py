@@ -1,8 +1,8 @@
 """diagnose.yml through ansible-runner: assertions on the play's events and artifacts.
 
 No containers: one host reached with the local connection (this machine, where systemd is usually
-not PID 1, so its verdict is whatever the evidence proves) and one unreachable documentation
-address. The Molecule `faults` scenario covers real units.
+not PID 1, so its verdict is whatever the evidence proves) and one unreachable host (a closed
+port on loopback: tests never send traffic off this machine). The Molecule `faults` scenario covers real units.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _inventory(tmp_path: Path) -> Path:
         "vars": {"flashfleet_runs": {"v2": {}, "smoke": {}}},
         "children": {"gpu_nodes": {"hosts": {
             "here": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
-            "gone": {"ansible_host": "192.0.2.1", "ansible_ssh_common_args": "-o ConnectTimeout=2"},
+            "gone": {"ansible_host": "127.0.0.1", "ansible_port": 9, "ansible_ssh_common_args": "-o ConnectTimeout=2"},
         }}}}}))
     return inv
 

@@ -1,0 +1,105 @@
+"""Position weights against hand-computed values; the loss against a direct computation."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from flashfleet_trainer.loss import (
+    IGNORE,
+    acceptance_proxy,
+    drafter_loss,
+    position_weights,
+    torch_fused_linear_distill_loss,
+)
+
+
+def test_decay_weights_by_hand():
+    valid = torch.tensor([[False, True, True, True], [False, True, False, True]])
+    w = position_weights("decay", valid, gamma=2.0)
+    assert torch.allclose(w[0], torch.tensor([0.0, 1.0, math.exp(-0.5), math.exp(-1.0)]))
+    assert torch.allclose(w[1], torch.tensor([0.0, 1.0, 0.0, math.exp(-1.0)]))
+
+
+def test_streak_weights_by_hand():
+    valid = torch.tensor([[False, True, True, True]])
+    ce = torch.tensor([[0.0, math.log(2), math.log(4), 0.0]])  # q = 1/2, 1/4, 1
+    w = position_weights("streak", valid, ce, alpha=0.5)
+    s1, s2, s3 = 0.5 * 0.5 + 0.5, 0.5 * 0.25 + 0.5, 1.0  # smoothed: 0.75, 0.625, 1
+    p1, p2, p3 = s1, s1 * s2, s1 * s2 * s3
+    assert torch.allclose(w[0], torch.tensor([0.0, p1 + p2 + p3, p2 + p3, p3]))
+
+
+def test_streak_with_alpha_one_counts_dependent_positions_and_stops_at_invalid():
+    valid = torch.tensor([[False, True, True, True, True], [False, True, True, False, True]])
+    w = position_weights("streak", valid, torch.rand(2, 5), alpha=1.0)
+    assert w[0].tolist() == [0.0, 4.0, 3.0, 2.0, 1.0]
+    assert w[1].tolist() == [0.0, 2.0, 1.0, 0.0, 0.0]  # an unsupervised position ends the streak
+
+
+def test_acceptance_proxy():
+    assert acceptance_proxy([0.5, 0.5, 1.0]) == pytest.approx(0.5 + 0.25 + 0.25)
+
+
+def _direct(hs, ht, w_head, y, rw, t, kw):
+    num = den = 0.0
+    for i in range(hs.shape[0]):
+        if y[i] == IGNORE:
+            continue
+        zs, zt = hs[i] @ w_head.T, ht[i] @ w_head.T
+        ce = -F.log_softmax(zs, -1)[y[i]]
+        p, logq = F.softmax(zt / t, -1), F.log_softmax(zs / t, -1)
+        kl = (p * (p.log() - logq)).sum()
+        num = num + rw[i] * (kw * t * t * kl + (1 - kw) * ce)
+        den = den + rw[i]
+    return num / den
+
+
+@pytest.mark.parametrize("kw,t", [(0.0, 1.0), (0.7, 2.0), (1.0, 1.0)])
+def test_torch_loss_equals_direct_computation(kw, t):
+    g = torch.Generator().manual_seed(0)
+    hs, ht = torch.randn(10, 8, generator=g, dtype=torch.float64), torch.randn(10, 8, generator=g, dtype=torch.float64)
+    w_head = torch.randn(30, 8, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 30, (10,), generator=g)
+    y[3] = IGNORE
+    rw = torch.rand(10, generator=g, dtype=torch.float64)
+    got = torch_fused_linear_distill_loss(hs, ht, w_head, y, rw, temperature=t, kl_weight=kw)
+    assert got.item() == pytest.approx(_direct(hs, ht, w_head, y, rw, t, kw).item(), rel=1e-6)
+
+
+def test_drafter_loss_matches_direct_and_reports_parts():
+    g = torch.Generator().manual_seed(1)
+    n, b, h, v = 3, 4, 8, 25
+    hs, ht = torch.randn(n, b, h, generator=g), torch.randn(n, b, h, generator=g)
+    w_head = torch.randn(v, h, generator=g)
+    y = torch.randint(0, v, (n, b), generator=g)
+    y[:, 0] = IGNORE
+    y[2, 3] = IGNORE
+    loss, st = drafter_loss(hs, ht, w_head, y, loss_fn=torch_fused_linear_distill_loss, weighting="decay",
+                            decay_gamma=3.0, use_soft_labels=True, kl_temperature=2.0, kl_weight=0.6)
+    wts = position_weights("decay", y != IGNORE, gamma=3.0)
+    want = _direct(hs.reshape(-1, h).double(), ht.reshape(-1, h).double(), w_head.double(), y.reshape(-1),
+                   wts.reshape(-1).double(), 2.0, 0.6)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    ce_direct = F.cross_entropy(hs.reshape(-1, h) @ w_head.T, y.reshape(-1).clamp_min(0), reduction="none")
+    ce_w = (ce_direct * wts.reshape(-1)).sum() / wts.sum()
+    assert st["ce"] == pytest.approx(ce_w.item(), rel=1e-5)
+    pred = (hs @ w_head.T).argmax(-1)
+    acc_pos3 = ((pred[:, 3] == y[:, 3]) & (y[:, 3] != IGNORE)).sum().item() / 2
+    assert st["acc"][2] == pytest.approx(acc_pos3)
+    assert st["kl"] > 0
+
+
+def test_fused_kernel_matches_torch_reference_when_present():
+    kernels = pytest.importorskip("flashfleet_kernels")
+    g = torch.Generator().manual_seed(2)
+    hs = torch.randn(12, 16, generator=g, requires_grad=True)
+    ht, w_head = torch.randn(12, 16, generator=g), torch.randn(50, 16, generator=g)
+    y, rw = torch.randint(0, 50, (12,), generator=g), torch.rand(12, generator=g)
+    y[0] = IGNORE
+    a = kernels.fused_linear_distill_loss(hs, ht, w_head, y, rw, temperature=2.0, kl_weight=0.7)
+    b = torch_fused_linear_distill_loss(hs, ht, w_head, y, rw, temperature=2.0, kl_weight=0.7)
+    assert a.item() == pytest.approx(b.item(), rel=1e-4)
+    ga, = torch.autograd.grad(a, hs)
+    gb, = torch.autograd.grad(b, hs)
+    assert torch.allclose(ga, gb, atol=1e-5)

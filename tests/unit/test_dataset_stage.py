@@ -1,0 +1,302 @@
+"""flashfleet_stage's pure logic (manifest, plan, placement, safetensors) and stage() end to end
+against an in-memory source that honours Range requests: skip, resume, refetch, manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("flashfleet_stage", ROOT / "roles/dataset/library/flashfleet_stage.py")
+fs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fs)
+
+
+class MemSource:
+    """Serves bytes from a dict; records every request (name, offset) and the bytes sent."""
+
+    def __init__(self, files, honour_range=True):
+        self.files = files
+        self.honour_range = honour_range
+        self.requests = []
+        self.sent = 0
+        self.lock = threading.Lock()
+
+    def open_range(self, rel, offset):
+        served = offset if self.honour_range else 0
+        data = self.files[rel][served:]
+        with self.lock:
+            self.requests.append((rel, offset))
+            self.sent += len(data)
+        return io.BytesIO(data), served
+
+
+def expected_for(files, with_sha=True):
+    return {
+        rel: {"size": len(b), "sha256": hashlib.sha256(b).hexdigest() if with_sha else None, "etag": None}
+        for rel, b in files.items()
+    }
+
+
+@pytest.fixture
+def files():
+    return {f"shard-{i:02d}.bin": os.urandom(300_000 + i * 1000) for i in range(6)} | {"sub/dir/x.txt": b"hello\n"}
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+@pytest.mark.parametrize(
+    "url, bucket, prefix",
+    [
+        ("s3://data-bucket/tok/v2", "data-bucket", "tok/v2/"),
+        ("s3://data-bucket/tok/v2/", "data-bucket", "tok/v2/"),
+        ("s3://data-bucket", "data-bucket", ""),
+    ],
+)
+def test_parse_s3_url(url, bucket, prefix):
+    assert fs.parse_s3_url(url) == (bucket, prefix)
+
+
+@pytest.mark.parametrize("url", ["s3:/x/y", "https://b/p", "s3://UPPER/x", "s3://a/x"])
+def test_parse_s3_url_rejects(url):
+    with pytest.raises(ValueError):
+        fs.parse_s3_url(url)
+
+
+@pytest.mark.parametrize(
+    "rel, ok",
+    [("a", True), ("a/b.bin", True), ("../x", False), ("/etc/passwd", False), ("a//b", False), ("a/./b", False), ("", False)],
+)
+def test_safe_relpath(rel, ok):
+    assert fs.safe_relpath(rel) is ok
+
+
+@pytest.mark.parametrize(
+    "size, final, part, want",
+    [
+        (100, None, None, ("fetch", 0)),
+        (100, 100, None, ("verify", 0)),
+        (100, 40, None, ("resume", 40)),  # truncated final file
+        (100, 140, None, ("fetch", 0)),  # longer than the source: wrong
+        (100, 0, None, ("fetch", 0)),
+        (100, None, 60, ("resume", 60)),
+        (100, None, 100, ("fetch", 0)),  # a full-size .part was never verified: fetch again
+        (100, None, 0, ("fetch", 0)),
+    ],
+)
+def test_plan_file(size, final, part, want):
+    assert fs.plan_file(size, final, part) == want
+
+
+def test_normalize_manifest_rejects_bad_entries():
+    assert fs.normalize_manifest({"a": {"size": 3, "sha256": "A" * 64}}) == {"a": {"size": 3, "sha256": "a" * 64}}
+    for bad in ({"../a": {"size": 1}}, {"a": {"sha256": "0" * 64}}, {"a": {"size": -1}}, {"a": {"size": 1, "sha256": "xyz"}}):
+        with pytest.raises(ValueError):
+            fs.normalize_manifest(bad)
+
+
+def test_merge_expected_trusts_recorded_hash_only_for_same_object():
+    listing = {"a": {"size": 3, "etag": "e1"}, "b": {"size": 4, "etag": "e2"}}
+    recorded = {"a": {"size": 3, "sha256": "1" * 64, "etag": "e1"}, "b": {"size": 4, "sha256": "2" * 64, "etag": "OLD"}}
+    exp, errs = fs.merge_expected(listing, {}, recorded)
+    assert errs == []
+    assert exp["a"]["sha256"] == "1" * 64
+    assert exp["b"]["sha256"] is None  # replaced at the source since: do not trust the old hash
+
+
+def test_merge_expected_given_manifest_must_agree_with_source():
+    listing = {"a": {"size": 3, "etag": None}}
+    given = {"a": {"size": 5, "sha256": None}, "missing": {"size": 1, "sha256": None}}
+    _exp, errs = fs.merge_expected(listing, given, {})
+    assert any("a: the source has 3 bytes, the manifest says 5" in e for e in errs)
+    assert any("missing: in the manifest but not at the source" in e for e in errs)
+
+
+def test_check_content_uses_single_part_etag_when_no_sha():
+    data = b"abc"
+    md5 = hashlib.md5(data).hexdigest()
+    sha = hashlib.sha256(data).hexdigest()
+    assert fs.check_content({"sha256": None, "etag": f'"{md5}"'}, sha, md5) is None
+    assert "ETag" in fs.check_content({"sha256": None, "etag": "0" * 32}, sha, md5)
+    assert fs.check_content({"sha256": None, "etag": "abc-3"}, sha, md5) is None  # multipart: unknown
+    assert "sha256" in fs.check_content({"sha256": "0" * 64, "etag": None}, sha, md5)
+
+
+@pytest.mark.parametrize(
+    "total, present, free, ratio, floor, fits",
+    [
+        (10 * 2**30, 0, 100 * 2**30, 0.1, 0, True),
+        (10 * 2**30, 0, 10 * 2**30, 0.1, 0, False),  # fits exactly but no margin left
+        (10 * 2**30, 10 * 2**30, 1 * 2**30, 0.1, 0, True),  # already staged: needs nothing more
+        (1 * 2**30, 0, 2 * 2**30, 0.1, 2 * 2**30, False),  # the byte floor wins over the ratio
+    ],
+)
+def test_placement(total, present, free, ratio, floor, fits):
+    assert fs.placement(total, present, free, ratio, floor)[0] is fits
+
+
+# ---------------------------------------------------------------- safetensors
+
+
+def write_safetensors(path, tensors, corrupt_len=None):
+    """tensors: {name: (dtype, shape)}; zero data. Returns {name: nbytes}."""
+    header, pos, sizes = {}, 0, {}
+    for name, (dtype, shape) in tensors.items():
+        n = fs.DTYPE_BYTES[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + n]}
+        sizes[name] = n
+        pos += n
+    header["__metadata__"] = {"format": "pt"}
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    blob = struct.pack("<Q", len(hb)) + hb + bytes(pos)
+    if corrupt_len is not None:
+        blob = blob[:corrupt_len]
+    Path(path).write_bytes(blob)
+    return sizes
+
+
+def test_safetensors_sharded_model_ok(tmp_path):
+    a = write_safetensors(tmp_path / "model-00001-of-00002.safetensors", {"w1": ("BF16", (4, 8)), "b1": ("F32", (8,))})
+    b = write_safetensors(tmp_path / "model-00002-of-00002.safetensors", {"w2": ("BF16", (8, 4))})
+    index = {
+        "metadata": {"total_size": sum(a.values()) + sum(b.values())},
+        "weight_map": {"w1": "model-00001-of-00002.safetensors", "b1": "model-00001-of-00002.safetensors",
+                       "w2": "model-00002-of-00002.safetensors"},
+    }  # fmt: skip
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert fs.check_safetensors_dir(tmp_path) == []
+
+
+def test_safetensors_truncated_shard_and_bad_index(tmp_path):
+    full = write_safetensors(tmp_path / "m.safetensors", {"w": ("F16", (16, 16))})
+    size = (tmp_path / "m.safetensors").stat().st_size
+    write_safetensors(tmp_path / "m.safetensors", {"w": ("F16", (16, 16))}, corrupt_len=size - 10)
+    index = {"metadata": {"total_size": full["w"] + 2}, "weight_map": {"w": "m.safetensors", "v": "gone.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    errs = fs.check_safetensors_dir(tmp_path)
+    assert any("m.safetensors" in e and "offsets" in e for e in errs), errs
+    assert any("gone.safetensors" in e for e in errs), errs
+    assert any("total_size" in e for e in errs), errs
+
+
+def test_safetensors_garbage_header(tmp_path):
+    (tmp_path / "x.safetensors").write_bytes(struct.pack("<Q", 5) + b"{oops" + b"\0" * 4)
+    errs = fs.check_safetensors_dir(tmp_path)
+    assert errs and "not JSON" in errs[0]
+    (tmp_path / "x.safetensors").write_bytes(struct.pack("<Q", 10**9) + b"{}")
+    assert "does not fit" in fs.check_safetensors_dir(tmp_path)[0]
+
+
+# ---------------------------------------------------------------- stage() end to end
+
+
+def counts(results):
+    out = {}
+    for action, _n, _sha in results.values():
+        out[action] = out.get(action, 0) + 1
+    return out
+
+
+def test_stage_then_second_run_moves_nothing(tmp_path, files):
+    src = MemSource(files)
+    res, _ = fs.stage(src, expected_for(files, with_sha=False), str(tmp_path), concurrency=4, attempts=2)
+    assert counts(res) == {"downloaded": len(files)}
+    assert src.sent == sum(map(len, files.values()))
+    for rel, data in files.items():
+        assert (tmp_path / rel).read_bytes() == data
+        assert not (tmp_path / (rel + fs.PART_SUFFIX)).exists()
+    manifest = {rel: {"size": len(b), "sha256": sha} for rel, (_a, _n, sha) in res.items() for b in [files[rel]]}
+    assert fs.write_manifest(str(tmp_path), "mem://", manifest) is True
+    assert fs.write_manifest(str(tmp_path), "mem://", manifest) is False  # unchanged: no write
+    recorded = fs.read_recorded(str(tmp_path))
+    assert recorded["shard-00.bin"]["sha256"] == hashlib.sha256(files["shard-00.bin"]).hexdigest()
+
+    src2 = MemSource(files)
+    exp, _ = fs.merge_expected({r: {"size": len(b), "etag": None} for r, b in files.items()}, {}, recorded)
+    res2, _ = fs.stage(src2, exp, str(tmp_path), concurrency=4, attempts=2)
+    assert counts(res2) == {"skipped": len(files)}
+    assert src2.requests == [] and src2.sent == 0
+
+
+def test_corrupted_file_is_fetched_again(tmp_path, files):
+    exp = expected_for(files)
+    fs.stage(MemSource(files), exp, str(tmp_path), 4, 2)
+    p = tmp_path / "shard-03.bin"
+    blob = bytearray(p.read_bytes())
+    blob[1234] ^= 0xFF  # same size, one flipped byte
+    p.write_bytes(bytes(blob))
+    src = MemSource(files)
+    res, _ = fs.stage(src, exp, str(tmp_path), 4, 2)
+    assert res["shard-03.bin"][0] == "refetched"
+    assert counts(res) == {"skipped": len(files) - 1, "refetched": 1}
+    assert p.read_bytes() == files["shard-03.bin"]
+    assert src.requests == [("shard-03.bin", 0)]
+
+
+def test_truncated_and_partial_files_are_resumed_with_range(tmp_path, files):
+    exp = expected_for(files)
+    (tmp_path / "shard-01.bin").write_bytes(files["shard-01.bin"][:100_000])  # truncated final file
+    (tmp_path / ("shard-02.bin" + fs.PART_SUFFIX)).write_bytes(files["shard-02.bin"][:250_000])  # interrupted
+    src = MemSource(files)
+    res, _ = fs.stage(src, exp, str(tmp_path), 3, 2)
+    assert res["shard-01.bin"][:2] == ("resumed", len(files["shard-01.bin"]) - 100_000)
+    assert res["shard-02.bin"][:2] == ("resumed", len(files["shard-02.bin"]) - 250_000)
+    assert ("shard-01.bin", 100_000) in src.requests and ("shard-02.bin", 250_000) in src.requests
+    for rel, data in files.items():
+        assert (tmp_path / rel).read_bytes() == data
+
+
+def test_resume_on_a_bad_prefix_falls_back_to_a_full_fetch(tmp_path, files):
+    exp = expected_for(files)
+    (tmp_path / "shard-04.bin").write_bytes(b"\0" * 50_000)  # wrong bytes, shorter than the object
+    res, _ = fs.stage(MemSource(files), exp, str(tmp_path), 2, 3)
+    assert res["shard-04.bin"][0] == "refetched"
+    assert (tmp_path / "shard-04.bin").read_bytes() == files["shard-04.bin"]
+
+
+def test_server_ignoring_range_restarts_cleanly(tmp_path, files):
+    exp = expected_for(files)
+    (tmp_path / ("shard-05.bin" + fs.PART_SUFFIX)).write_bytes(files["shard-05.bin"][:1000])
+    fs.stage(MemSource(files, honour_range=False), exp, str(tmp_path), 2, 2)
+    assert (tmp_path / "shard-05.bin").read_bytes() == files["shard-05.bin"]
+
+
+def test_source_that_never_matches_fails_naming_the_file(tmp_path):
+    files = {"a.bin": b"x" * 1000}
+    exp = {"a.bin": {"size": 1000, "sha256": "0" * 64, "etag": None}}
+    with pytest.raises(fs.StageError, match=r"a.bin: still wrong after 2 attempts"):
+        fs.stage(MemSource(files), exp, str(tmp_path), 1, 2)
+    assert not (tmp_path / "a.bin").exists()
+
+
+def test_verify_only_deletes_corrupt_and_lists_missing(tmp_path):
+    good, bad = b"good data", b"bad data!"
+    (tmp_path / "good").write_bytes(good)
+    (tmp_path / "bad").write_bytes(bad)
+    exp = {
+        "good": {"size": len(good), "sha256": hashlib.sha256(good).hexdigest()},
+        "bad": {"size": len(bad), "sha256": hashlib.sha256(b"other!!!!").hexdigest()},
+        "absent": {"size": 1, "sha256": None},
+    }
+    missing, manifest, changed = fs.verify_only(exp, str(tmp_path))
+    assert missing == ["absent", "bad"] and changed
+    assert list(manifest) == ["good"] and not (tmp_path / "bad").exists()
+
+
+def test_local_manifest_skips_state_files(tmp_path):
+    (tmp_path / "a").write_bytes(b"1")
+    (tmp_path / fs.MANIFEST_NAME).write_text("{}")
+    (tmp_path / ("b" + fs.PART_SUFFIX)).write_bytes(b"2")
+    assert list(fs.local_manifest(str(tmp_path))) == ["a"]

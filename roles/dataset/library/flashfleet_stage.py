@@ -32,8 +32,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 module: flashfleet_stage
 short_description: Stage files from S3, https, or a local directory, verified against a manifest
@@ -267,6 +265,15 @@ def check_content(expected, sha256_hex, md5_hex):
     if want_md5 and md5_hex != want_md5:
         return f"md5 {md5_hex} != ETag {want_md5}"
     return None
+
+
+def human(n):
+    """Bytes as a short readable size (KiB to TiB)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
 
 
 def placement(total_bytes, present_bytes, free_bytes, margin_ratio, margin_bytes):
@@ -738,6 +745,9 @@ def verify_only(expected, root, check_mode=False):
 
 
 def run_module():
+    # Imported here so that the staging logic above also runs as a plain library (benchmarks).
+    from ansible.module_utils.basic import AnsibleModule
+
     module = AnsibleModule(
         argument_spec=dict(
             src=dict(type="str"),
@@ -818,9 +828,9 @@ def run_module():
             fits, need, margin = placement(total, present, free, p["free_margin_ratio"], p["free_margin_bytes"])
             if not fits:
                 msg = (
-                    f"{host}: {total / 2**30:.2f} GiB does not fit in {dest} with the margin "
-                    f"({free / 2**30:.2f} GiB free, {need / 2**30:.2f} GiB still to write, keep "
-                    f"{margin / 2**30:.2f} GiB free): staged to {p['fallback_dest']} on disk instead, "
+                    f"{host}: {human(total)} does not fit in {dest} with the margin "
+                    f"({human(free)} free, {human(need)} still to write, {human(margin)} to keep "
+                    "free): staged to {p['fallback_dest']} on disk instead, "
                     "which loads slower. Fix: enlarge that tmpfs (e.g. a bigger /dev/shm) or stage less"
                 )
                 if p["fallback_policy"] == "fail":

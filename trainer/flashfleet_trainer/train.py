@@ -146,7 +146,9 @@ def preflight(args) -> Plan:
                           "install the kernels package or use --loss-impl auto") from e
 
     out = Path(args.output_dir)
-    probe = out if out.exists() else out.parent
+    probe = out  # the nearest existing ancestor decides whether the run can create its directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK):
         raise ConfigError(f"--output-dir {out} is not writable", "create it or fix its ownership")
     return Plan(tcfg, layer_ids, mask_id, target_devices, drafter_devices[0], files, rows, settings, summary)

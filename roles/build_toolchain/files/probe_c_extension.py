@@ -24,7 +24,7 @@ PyMODINIT_FUNC PyInit_flashfleet_probe(void) { return PyModule_Create(&module); 
 
 
 def main() -> int:
-    version = "%d.%d" % sys.version_info[:2]
+    version = "{}.{}".format(*sys.version_info[:2])
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         print("missing: compiler (no CC, cc, gcc or clang on PATH)")

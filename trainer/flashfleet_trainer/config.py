@@ -42,9 +42,23 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--output-dir", help="run directory: metrics.jsonl, status.json, checkpoints/")
 
     t = p.add_argument_group("topology")
-    t.add_argument("--target-gpus", default="0", help="comma-separated GPU indices for target replicas "
-                   "(one replica each), or `cpu`")
-    t.add_argument("--drafter-gpus", default="0", help="GPU index for the drafter, or `cpu`")
+    t.add_argument("--target-gpus", default="0", help="comma-separated GPU indices, one target worker process "
+                   "each, extracting hidden states for its share of the micro-batches; or `cpu` entries "
+                   "(`cpu,cpu` = two CPU workers)")
+    t.add_argument("--drafter-gpus", default="0", help="comma-separated GPU indices, one data-parallel drafter "
+                   "rank each (gradients all-reduced); or `cpu` entries")
+    t.add_argument("--queue-depth", type=int, default=0, help="micro-batches of hidden states each drafter rank "
+                   "keeps requested ahead (bounds the queue; 0 = auto: max(2, 2 x targets / drafters))")
+    t.add_argument("--nnodes", type=int, default=1, help="nodes in the run; each runs one dflash-train with the "
+                   "same flags except --node-rank")
+    t.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1; node 0 hosts the "
+                   "rendezvous store and global rank 0 (checkpoints, metrics, wandb)")
+    t.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="c10d TCPStore rendezvous: node 0 listens on PORT, the others connect to HOST:PORT "
+                        "(default: $MASTER_ADDR:$MASTER_PORT; required when --nnodes > 1)")
+    t.add_argument("--rdzv-timeout", type=float, default=300.0, help="seconds to wait for all nodes to join")
+    t.add_argument("--node-timeout", type=float, default=30.0, help="a node whose heartbeat stops for this many "
+                   "seconds takes the run down (every node exits with an error naming it)")
 
     o = p.add_argument_group("optimisation")
     o.add_argument("--epochs", type=float, default=1.0, help="passes over the data (fractions allowed)")
@@ -107,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--check", action="store_true", help="validate everything that can be validated without training, "
                    "print a summary and exit 0, or exit 78 with one line naming the problem")
+    p.add_argument("--plan", action="store_true", help="measure a few steps of target and drafter on the first "
+                   "device of each, print the split of the node's devices that maximises drafter rows/s, exit 0")
+    p.add_argument("--plan-steps", type=int, default=3, help="measured steps for --plan (after one warm-up step)")
     return p
 
 
@@ -128,7 +145,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if unknown:
             raise ConfigError(f"unknown key(s) in --config: {', '.join(unknown)}",
                               "use flag dest names such as target_model, use_soft_labels")
-        for key in ("use_soft_labels", "check"):
+        for key in ("use_soft_labels", "check", "plan"):
             if key in values and not isinstance(values[key], bool):
                 raise ConfigError(f"--config key {key} must be true or false", f"write \"{key}\": true")
         if isinstance(values.get("wandb_settings"), dict):
@@ -163,15 +180,34 @@ def validate_numbers(args) -> None:
     need(args.save_interval >= 1, "--save-interval must be >= 1", "e.g. 1000")
     need(args.max_steps is None or args.max_steps >= 1, "--max-steps must be >= 1", "drop it or raise it")
     need(args.noise_start >= 0 and args.noise_end >= 0, "noise scales must be >= 0", "e.g. 0.1 and 0.01")
+    need(args.nnodes >= 1 and 0 <= args.node_rank < args.nnodes, f"--node-rank {args.node_rank} is not in "
+         f"0..{args.nnodes - 1} (--nnodes {args.nnodes})", "number the nodes 0..nnodes-1")
+    need(args.queue_depth >= 0 and args.plan_steps >= 1, "--queue-depth must be >= 0 and --plan-steps >= 1",
+         "e.g. --queue-depth 0 (auto)")
+    need(args.rdzv_timeout > 0 and args.node_timeout > 0, "--rdzv-timeout and --node-timeout must be > 0",
+         "e.g. 300 and 30")
+    if args.nnodes > 1 or args.rdzv_endpoint:
+        endpoint = args.rdzv_endpoint
+        if not endpoint and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+            endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        host, _, port = (endpoint or "").rpartition(":")
+        need(bool(host) and port.isdigit() and 0 < int(port) < 65536, f"--rdzv-endpoint {endpoint!r} is not "
+             "HOST:PORT", "pass --rdzv-endpoint node0.example:29400 (or set MASTER_ADDR and MASTER_PORT)")
+        args.rdzv_endpoint = endpoint
     need(args.resume in ("auto", "never") or os.path.isdir(args.resume), f"--resume {args.resume}: not auto, "
          "never, or an existing checkpoint directory", "pass auto, never, or checkpoints/step-XXXXXXXX")
 
 
 def parse_devices(spec: str, flag: str) -> list[str]:
-    """'cpu' -> ['cpu']; '0,1,2' -> ['cuda:0', 'cuda:1', 'cuda:2']."""
+    """'cpu' -> ['cpu']; 'cpu,cpu' -> ['cpu', 'cpu'] (two CPU workers); '0,1,2' -> ['cuda:0', 'cuda:1', 'cuda:2'].
+
+    CPU entries may repeat because each entry is a process, and tests need several on one machine;
+    a GPU index may not, because two processes of the same role on one GPU only fight for it.
+    """
     spec = str(spec).strip()
-    if spec.lower() == "cpu":
-        return ["cpu"]
+    parts = [x.strip().lower() for x in spec.split(",") if x.strip() != ""]
+    if parts and all(x == "cpu" for x in parts):
+        return ["cpu"] * len(parts)
     try:
         ids = [int(x) for x in spec.split(",") if x.strip() != ""]
     except ValueError as e:

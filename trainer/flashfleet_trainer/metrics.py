@@ -52,17 +52,33 @@ def _clean(value):
 class Status:
     """The run's status.json. Every update rewrites the whole (small) file atomically."""
 
-    def __init__(self, output_dir: Path):
+    def __init__(self, output_dir: Path, pid: int | None = None, keep: bool = False, adopt: tuple = ()):
+        """pid: the process systemd watches (the node's main process when ranks are children).
+        keep: start from the file on disk (a main process recording how its ranks ended).
+        adopt: keys another process owns (the main process's `workers` table): carried over from
+        the file on every update instead of being overwritten."""
         self.path = Path(output_dir) / "status.json"
+        self.adopt = adopt
         self.state = {
             "phase": "loading", "step": 0, "epoch": 0, "ready": False, "newest_checkpoint": None,
-            "last_error": None, "pid": os.getpid(), "started": utc_now(), "updated": utc_now(),
+            "last_error": None, "pid": pid or os.getpid(), "started": utc_now(), "updated": utc_now(),
         }
+        if keep and self.path.is_file():
+            try:
+                self.state.update(json.loads(self.path.read_text()))
+            except ValueError:
+                pass
 
     def update(self, **fields) -> None:
         if "phase" in fields and fields["phase"] not in PHASES:
             raise ValueError(f"unknown phase {fields['phase']!r}")
         self.state.update(fields)
+        if self.adopt and self.path.is_file():
+            try:
+                disk = json.loads(self.path.read_text())
+                self.state.update({k: disk[k] for k in self.adopt if k in disk})
+            except ValueError:
+                pass
         self.state["updated"] = utc_now()
         atomic_write_text(self.path, json.dumps(_clean(self.state), indent=1) + "\n")
 

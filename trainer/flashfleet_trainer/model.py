@@ -6,8 +6,9 @@ output). This is z-lab's convention. It is captured with forward hooks on the ch
 layers, so no other layer's activations are kept.
 
 The split between producer (target side) and drafter (consumer) is the seam for multi-process
-topologies: today `HiddenStateProducer.produce` runs in-process, one replica per target device,
-round-robin; tomorrow the same `Features` object arrives over gloo/NCCL from target ranks.
+topologies: `HiddenStateProducer` runs in the drafter's process for the single-device case and
+inside each target worker process otherwise (topology.py); drafter ranks that hold no target
+read the frozen embedding and LM head straight from the safetensors (`load_frozen_io`).
 
 Drafter architecture (dflash.md): concat of the chosen layers' features -> bias-free Linear
 (n*H -> H) -> RMSNorm gives one context feature shared by all draft layers. Each draft layer is
@@ -282,6 +283,34 @@ class HiddenStateProducer:
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.replicas[0][1].parameters())
+
+
+def load_frozen_io(model_dir, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embedding weight, LM head weight) of the target, read from its safetensors shards only.
+
+    A drafter rank in its own process needs these two matrices but not the target's layers, so it
+    reads just them (mmap'd by safetensors) instead of loading a whole replica. A tied head is
+    the embedding. Falls back to loading the model on CPU for a .bin-only checkpoint.
+    """
+    from safetensors import safe_open
+
+    d = Path(model_dir)
+    embed = head = None
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
+                if embed is None and key.endswith("embed_tokens.weight"):
+                    embed = st.get_tensor(key)
+                elif head is None and key.endswith("lm_head.weight"):
+                    head = st.get_tensor(key)
+    if embed is None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(d, local_files_only=True, dtype=dtype)
+        embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
+    if head is None:  # tie_word_embeddings
+        head = embed
+    return embed.to(device=device, dtype=dtype), head.to(device=device, dtype=dtype)
 
 
 def save_config(config: DrafterConfig, path) -> None:

@@ -3,6 +3,15 @@
 `preflight(args)` is everything `--check` validates; a real start runs exactly the same code
 first, so a deterministic start-up error is the same one-line ConfigError (exit 78) whether it
 is found by `--check` on the controller or by the unit on the host.
+
+One `Trainer` is one drafter rank. With one target and one drafter on the same device it runs
+in the `dflash-train` process itself and calls the target in-line (`InProcessFeed`); otherwise
+topology.py starts target worker processes and drafter rank processes, and each rank's Trainer
+gets its hidden states from a `QueueFeed`. The data order does not depend on the topology: an
+optimizer step consumes `grad_accum x world` consecutive micro-batches of one global sequence,
+micro-batch g going to drafter rank g % world, and a micro-batch's anchors and noise come from a
+generator seeded by (seed, epoch, index). So 1 target + 1 drafter with --grad-accum 2 and
+2 targets + 2 drafters with --grad-accum 1 train on the same blocks with the same gradients.
 """
 
 import json
@@ -11,9 +20,10 @@ import os
 import resource
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import checkpoint as ckpt
@@ -30,6 +40,7 @@ from .model import (
     default_mask_token_id,
     default_target_layers,
     drafter_hidden,
+    load_frozen_io,
 )
 
 
@@ -37,15 +48,26 @@ from .model import (
 class Plan:
     """What preflight found: the facts the trainer starts from."""
 
-    target_config: object
+    target_config: object  # transformers config (None in spawned ranks, which need only drafter_config)
     layer_ids: list
     mask_token_id: int
     target_devices: list
-    drafter_device: str
+    drafter_devices: list
     data_files: list
     data_rows: int
     wandb_settings: dict
     summary: list
+    drafter_config: DrafterConfig = None
+    vocab_size: int = 0
+
+    @property
+    def drafter_device(self) -> str:
+        return self.drafter_devices[0]
+
+    def in_process(self, args) -> bool:
+        """One target and one drafter sharing a device on one node: no processes needed."""
+        return (args.nnodes == 1 and len(self.target_devices) == 1 and len(self.drafter_devices) == 1
+                and self.target_devices[0] == self.drafter_devices[0])
 
 
 def _mem_available_bytes() -> int:
@@ -105,9 +127,8 @@ def preflight(args) -> Plan:
 
     target_devices = parse_devices(args.target_gpus, "--target-gpus")
     drafter_devices = parse_devices(args.drafter_gpus, "--drafter-gpus")
-    if len(drafter_devices) != 1:
-        raise ConfigError(f"--drafter-gpus {args.drafter_gpus}: one drafter device is supported today",
-                          "pass a single GPU index (or cpu) to --drafter-gpus")
+    if args.nnodes > 1 and "cpu" in drafter_devices and "cpu" not in target_devices:
+        raise ConfigError("--drafter-gpus cpu with GPU targets", "put targets and drafters on the same kind of device")
     cuda = [d for d in target_devices + drafter_devices if d != "cpu"]
     if cuda:
         have = torch.cuda.device_count()
@@ -116,8 +137,11 @@ def preflight(args) -> Plan:
             raise ConfigError(f"GPU {top} requested (--target-gpus {args.target_gpus} --drafter-gpus "
                               f"{args.drafter_gpus}) but {have} CUDA device(s) are visible",
                               "request only visible GPUs, or `cpu` for both")
-    summary.append(f"topology: {len(target_devices)} target replica(s) on {','.join(target_devices)}; "
-                   f"drafter on {drafter_devices[0]}")
+    world = args.nnodes * len(drafter_devices)
+    summary.append(f"topology: {len(target_devices)} target worker(s) on {','.join(target_devices)}; "
+                   f"{len(drafter_devices)} drafter rank(s) on {','.join(drafter_devices)} per node; "
+                   f"{args.nnodes} node(s), {world} drafter rank(s) in all; "
+                   f"{args.grad_accum * world} micro-batches per optimizer step")
 
     # Memory: target replicas in their compute dtype, drafter params + grads + AdamW state in fp32.
     stored = _model_bytes(model_dir)
@@ -125,10 +149,19 @@ def preflight(args) -> Plan:
     params = stored / stored_per_param
     h, i_sz = tcfg.hidden_size, tcfg.intermediate_size
     drafter_params = args.num_draft_layers * (4 * h * h + 3 * h * i_sz) + len(layer_ids) * h * h
+    replica = params * 2 * 1.1
+    for d in dict.fromkeys(d for d in target_devices if d != "cpu"):
+        total = torch.cuda.get_device_properties(int(d.split(":")[1])).total_memory
+        if replica > total:
+            raise ConfigError(f"one target replica needs about {replica / 2**30:.1f} GiB in bf16 but {d} has "
+                              f"{total / 2**30:.1f} GiB in all: a target that does not fit one GPU needs tensor "
+                              "parallelism or a serving engine, which this trainer does not do yet",
+                              "use GPUs with more memory or a smaller target")
     need = {}
     for d in target_devices:
         need[d] = need.get(d, 0) + params * (4 if d == "cpu" else 2) * 1.1
-    need[drafter_devices[0]] = need.get(drafter_devices[0], 0) + drafter_params * 16
+    for d in drafter_devices:
+        need[d] = need.get(d, 0) + drafter_params * 16
     for d, b in need.items():
         free = _mem_available_bytes() if d == "cpu" else torch.cuda.mem_get_info(int(d.split(":")[1]))[0]
         if b > free:
@@ -151,7 +184,10 @@ def preflight(args) -> Plan:
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK):
         raise ConfigError(f"--output-dir {out} is not writable", "create it or fix its ownership")
-    return Plan(tcfg, layer_ids, mask_id, target_devices, drafter_devices[0], files, rows, settings, summary)
+    dcfg = DrafterConfig.from_target(tcfg, num_draft_layers=args.num_draft_layers, target_layer_ids=layer_ids,
+                                     block_size=args.block_size, mask_token_id=mask_id, target_model=args.target_model)
+    return Plan(tcfg, layer_ids, mask_id, target_devices, drafter_devices, files, rows, settings, summary, dcfg,
+                tcfg.vocab_size)
 
 
 def lr_lambda(total_steps: int, warmup_ratio: float):
@@ -182,50 +218,184 @@ def _sync(devices):
             torch.cuda.synchronize(d)
 
 
+def micro_batch_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """Anchors and noise of micro-batch (epoch, index): a function of the data position alone,
+    so any rank may process any micro-batch and resume needs no generator state."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0]))
+
+
+class MicroBatches:
+    """The one global sequence of micro-batches: (epoch, index, sequence ids), epoch after epoch."""
+
+    def __init__(self, lengths, args):
+        self.lengths, self.args, self._cache = lengths, args, {}
+
+    def epoch(self, e: int) -> list[list[int]]:
+        if e not in self._cache:
+            a = self.args
+            self._cache = {e: pack_epoch(self.lengths, a.seed, e, a.token_budget, a.max_batch_size)}
+        return self._cache[e]
+
+    def iterate(self, epoch: int, index: int):
+        while True:
+            batches = self.epoch(epoch)
+            if index >= len(batches):
+                epoch, index = epoch + 1, 0
+                continue
+            yield epoch, index, batches[index]
+            index += 1
+
+
+def pad_batch(data, idx):
+    """Token ids of micro-batch `idx`, right-padded: (ids [S, T] int64, lengths [S])."""
+    seqs = [data.seq(i)[0] for i in idx]
+    lengths = torch.tensor([len(s) for s in seqs])
+    ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    return ids, lengths
+
+
+@dataclass
+class Features:
+    """One micro-batch of hidden states on the drafter's device, and what getting them cost."""
+
+    feats: torch.Tensor  # [S, T, n*H]
+    last: torch.Tensor | None  # [S, T, H] final normed hidden (soft labels)
+    lengths: torch.Tensor  # [S]
+    target_s: float  # seconds a target spent on it
+    wait_s: float  # seconds this drafter rank waited for it
+    occupancy: float | None = None  # fraction of the queue that was ready when asked (None in-process)
+
+
+class InProcessFeed:
+    """The target in the drafter's own process, called in-line: nothing overlaps, nothing to ship."""
+
+    def __init__(self, args, plan, device, log):
+        self.producer = HiddenStateProducer(args.target_model, plan.target_devices, plan.layer_ids, device,
+                                            on_status=log)
+        self.embed_weight, self.lm_head_weight = self.producer.embed_weight, self.producer.lm_head_weight
+        self.devices = plan.target_devices + [device]
+        self.data = None
+
+    def start(self, data, upcoming):
+        self.data = data
+
+    def get(self, key, idx) -> Features:
+        ids, lengths = pad_batch(self.data, idx)
+        t0 = time.perf_counter()
+        feats, last = self.producer.forward(ids, (torch.arange(ids.shape[1])[None] < lengths[:, None]).long())
+        _sync(self.devices)
+        dt = time.perf_counter() - t0
+        return Features(feats, last, lengths, dt, dt)
+
+    def close(self):
+        pass
+
+
+class NullStatus:
+    """status.json for ranks other than 0: they write nothing."""
+
+    def __init__(self):
+        self.state = {"ready": False}
+
+    def update(self, **fields):
+        self.state.update(fields)
+
+
+class NullMetrics:
+    def write(self, record):
+        pass
+
+    def close(self):
+        pass
+
+
+@dataclass
+class Rank:
+    """Where one Trainer sits in the run. The defaults are the single-process run."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    n_targets: int = 1  # target workers in the whole run (for rates and idle fractions)
+    notifier: object = notify  # sd_notify, or a forwarder to this node's main process
+    stop_event: object = None  # set by the node's main process on SIGTERM
+    main_pid: int = field(default_factory=os.getpid)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
 class Trainer:
-    def __init__(self, args, plan: Plan, status: Status, log=print):
+    def __init__(self, args, plan: Plan, status: Status, log=print, rank: Rank | None = None, feed=None):
         self.args, self.plan, self.status, self.log = args, plan, status, log
+        self.r = rank or Rank()
+        self.feed = feed
         self.out = Path(args.output_dir)
         self.ckpt_root = self.out / "checkpoints"
-        self.stop_requested = False
+        self.stop_local = False  # SIGTERM (or the node's stop event) seen by this process
+        self.stop_requested = False  # the decision, the same on every rank: stop after this step
         self.step = 0
         self.epoch, self.batch_index = 0, 0
-        self._epoch_cache = (None, None)
+        self.producer = None
 
     def request_stop(self, *_):
         """SIGTERM: finish the current step, save, exit 0."""
-        if not self.stop_requested:
-            self.stop_requested = True
-            notify.stopping()
+        if not self.stop_local:
+            self.stop_local = True
+            if self.r.is_main:
+                self.r.notifier.stopping()
             self.log("stop requested: finishing the current step, then saving")
+
+    def _local_stop(self) -> bool:
+        return self.stop_local or (self.r.stop_event is not None and self.r.stop_event.is_set())
 
     # ---- setup -------------------------------------------------------------------------------
     def setup(self):
         a, p = self.args, self.plan
-        torch.manual_seed(a.seed)
-        self.dev = p.drafter_device
-        notify.status("loading target")
-        self.producer = HiddenStateProducer(a.target_model, p.target_devices, p.layer_ids, self.dev,
-                                            on_status=lambda s: (notify.status(s), self.log(s)))
-        notify.status("loading data")
-        self.data = load_data(a.data_dir, a.max_seq_len, p.target_config.vocab_size)
-        self.batches_per_epoch = len(pack_epoch(self.data.lengths, a.seed, 0, a.token_budget, a.max_batch_size))
-        by_epochs = max(1, int(a.epochs * self.batches_per_epoch) // a.grad_accum)
+        self.dev = p.drafter_devices[self.r.local_rank]
+        if self.dev.startswith("cuda"):
+            torch.cuda.set_device(self.dev)
+        if self.feed is None:
+            self.r.notifier.status("loading target")
+            self.feed = InProcessFeed(a, p, self.dev, lambda s: (self.r.notifier.status(s), self.log(s)))
+            self.producer = self.feed.producer
+            self.embed_weight, self.lm_head_weight = self.feed.embed_weight, self.feed.lm_head_weight
+        else:
+            dtype = torch.float32 if self.dev == "cpu" else torch.bfloat16
+            self.embed_weight, self.lm_head_weight = load_frozen_io(a.target_model, self.dev, dtype)
+        self.r.notifier.status("loading data")
+        self.data = load_data(a.data_dir, a.max_seq_len, p.vocab_size)
+        self.stream = MicroBatches(self.data.lengths, a)
+        self.batches_per_epoch = len(self.stream.epoch(0))
+        self.per_step = a.grad_accum * self.r.world  # micro-batches per optimizer step, all ranks together
+        by_epochs = max(1, int(a.epochs * self.batches_per_epoch) // self.per_step)
         self.total_steps = a.max_steps if a.max_steps else by_epochs
-        self.dcfg = DrafterConfig.from_target(p.target_config, num_draft_layers=a.num_draft_layers,
-                                              target_layer_ids=p.layer_ids, block_size=a.block_size,
-                                              mask_token_id=p.mask_token_id, target_model=a.target_model)
+        self.dcfg = p.drafter_config
+        torch.manual_seed(a.seed)  # the same initial drafter on every rank and in every topology
         self.drafter = DFlashDrafter(self.dcfg).to(self.dev)  # fp32 master weights
         self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=a.lr, weight_decay=a.weight_decay,
                                      betas=(0.9, 0.95), eps=1e-8)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, a.warmup_ratio))
-        self.gen = torch.Generator().manual_seed(a.seed + 1)  # anchors and noise
         self.loss_fn, self.loss_impl = get_loss_fn(a.loss_impl)
         self.resume()
+        self.upcoming = self.stream.iterate(self.epoch, self.batch_index)
+        self.feed.start(self.data, self._mine(self.stream.iterate(self.epoch, self.batch_index)))
         n_params = sum(q.numel() for q in self.drafter.parameters())
         self.log(f"drafter: {n_params / 1e6:.2f}M trainable params, {self.dcfg.num_hidden_layers} layers, block "
                  f"{a.block_size}; {len(self.data)} sequences, {self.batches_per_epoch} micro-batches/epoch, "
-                 f"{self.total_steps} steps; loss impl {self.loss_impl}; starting at step {self.step}")
+                 f"{self.total_steps} steps; loss impl {self.loss_impl}; rank {self.r.rank}/{self.r.world} on "
+                 f"{self.dev}; starting at step {self.step}")
+
+    def _mine(self, it):
+        """This rank's share of the global sequence from the current position (for prefetching)."""
+        g = self.step * self.per_step
+        for item in it:
+            if g % self.r.world == self.r.rank:
+                yield item
+            g += 1
 
     def resume(self):
         a = self.args
@@ -250,74 +420,108 @@ class Trainer:
         self.drafter.load_state_dict(weights)
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
-        self.gen.set_state(state["rng"]["generator"])
         torch.set_rng_state(state["rng"]["torch"])
-        if state["rng"].get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
         self.status.update(newest_checkpoint=str(path))
         self.log(f"resumed from {path} (step {self.step}, epoch {self.epoch}, micro-batch {self.batch_index})")
-
-    # ---- data --------------------------------------------------------------------------------
-    def next_micro_batch(self) -> list[int]:
-        a = self.args
-        if self._epoch_cache[0] != self.epoch:
-            self._epoch_cache = (self.epoch, pack_epoch(self.data.lengths, a.seed, self.epoch, a.token_budget,
-                                                        a.max_batch_size))
-        batches = self._epoch_cache[1]
-        if self.batch_index >= len(batches):
-            self.epoch, self.batch_index = self.epoch + 1, 0
-            return self.next_micro_batch()
-        idx = batches[self.batch_index]
-        self.batch_index += 1
-        return idx
 
     def epoch_float(self) -> float:
         return self.epoch + self.batch_index / max(1, self.batches_per_epoch)
 
     # ---- one optimizer step ------------------------------------------------------------------
+    def micro_batch(self, epoch, index, idx, noise) -> dict | None:
+        """Forward and backward of one micro-batch; returns its statistics (None: no anchors)."""
+        a = self.args
+        f = self.feed.get((epoch, index), idx)
+        t0 = time.perf_counter()
+        seqs, masks = zip(*(self.data.seq(i) for i in idx), strict=True)
+        gen = micro_batch_generator(a.seed, epoch, index)
+        anchors = sample_anchors(list(masks), a.max_anchors, gen)
+        out = {"tokens": int(f.lengths.sum()), "target_s": f.target_s, "wait_s": f.wait_s,
+               "occupancy": f.occupancy}
+        if sum(len(x) for x in anchors) == 0:
+            return out  # nothing supervised in this micro-batch
+        blocks = build_blocks(list(seqs), list(masks), anchors, a.block_size, self.dcfg.mask_token_id)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dev.startswith("cuda")):
+            student = drafter_hidden(self.drafter, self.embed_weight, f.feats, blocks, noise, gen)
+            teacher = None
+            if a.use_soft_labels:
+                tpos = torch.minimum(blocks.teacher_pos, (f.lengths[blocks.seq] - 1)[:, None])
+                teacher = f.last[blocks.seq.to(self.dev)[:, None], tpos.to(self.dev)]
+            loss, st = drafter_loss(student, teacher, self.lm_head_weight, blocks.labels.to(self.dev),
+                                    loss_fn=self.loss_fn, weighting=a.loss_weighting, streak_alpha=a.streak_alpha,
+                                    decay_gamma=a.decay_gamma, use_soft_labels=a.use_soft_labels,
+                                    kl_temperature=a.kl_temperature, kl_weight=a.kl_weight)
+        (loss / a.grad_accum).backward()
+        _sync([self.dev])
+        out.update(loss=float(loss.detach()), ce=st["ce"], kl=st["kl"], correct=st["correct"], count=st["count"],
+                   rows=blocks.input_ids.numel(), drafter_s=time.perf_counter() - t0)
+        return out
+
+    def all_reduce_grads(self):
+        """Average gradients over drafter ranks. A plain all-reduce per parameter, not a DDP wrapper:
+        a rank whose micro-batches had no anchors skipped backward, which DDP's hooks cannot express."""
+        import torch.distributed as dist
+
+        grads = []
+        for q in self.drafter.parameters():
+            if q.grad is None:
+                q.grad = torch.zeros_like(q)
+            grads.append(q.grad)
+        for w in [dist.all_reduce(g, async_op=True) for g in grads]:
+            w.wait()
+        for g in grads:
+            g.div_(self.r.world)
+
     def train_step(self) -> dict:
         a = self.args
         noise = noise_at(self.step, self.total_steps, a.noise_start, a.noise_end)
-        t_target = t_drafter = 0.0
-        tokens = rows = 0
-        losses, ce, kl = [], [], []
-        correct = torch.zeros(a.block_size - 1)
-        count = torch.zeros(a.block_size - 1)
+        b1 = a.block_size - 1
+        # one vector of sums, all-reduced once per step: statistics for rank 0 and the stop flag
+        names = ("loss", "n_loss", "ce", "kl", "n_kl", "rows", "tokens", "target_s", "drafter_s", "wait_s",
+                 "occupancy", "n_occupancy", "stop")
+        acc = dict.fromkeys(names, 0.0)
+        correct, count = torch.zeros(b1, dtype=torch.float64), torch.zeros(b1, dtype=torch.float64)
         t_step = time.perf_counter()
-        for _ in range(a.grad_accum):
-            idx = self.next_micro_batch()
-            seqs, masks = zip(*(self.data.seq(i) for i in idx), strict=True)
+        first = self.step * self.per_step
+        for j in range(self.per_step):
+            epoch, index, idx = next(self.upcoming)
+            self.epoch, self.batch_index = epoch, index + 1
+            if (first + j) % self.r.world != self.r.rank:
+                continue
+            m = self.micro_batch(epoch, index, idx, noise)
+            for k in ("tokens", "target_s", "wait_s"):
+                acc[k] += m[k]
+            if m["occupancy"] is not None:
+                acc["occupancy"] += m["occupancy"]
+                acc["n_occupancy"] += 1
+            if "loss" in m:
+                acc["loss"] += m["loss"]
+                acc["n_loss"] += 1
+                acc["ce"] += m["ce"]
+                acc["rows"] += m["rows"]
+                acc["drafter_s"] += m["drafter_s"]
+                if m["kl"] is not None:
+                    acc["kl"] += m["kl"]
+                    acc["n_kl"] += 1
+                correct += torch.tensor(m["correct"], dtype=torch.float64)
+                count += torch.tensor(m["count"], dtype=torch.float64)
+        if self.r.world > 1:
+            import torch.distributed as dist
+
             t0 = time.perf_counter()
-            feats, last, lengths = self.producer.produce(seqs)
-            _sync(self.plan.target_devices + [self.dev])
-            t_target += time.perf_counter() - t0
-            tokens += int(lengths.sum())
-            t0 = time.perf_counter()
-            anchors = sample_anchors(list(masks), a.max_anchors, self.gen)
-            if sum(len(x) for x in anchors) == 0:
-                continue  # nothing supervised in this micro-batch
-            blocks = build_blocks(list(seqs), list(masks), anchors, a.block_size, self.dcfg.mask_token_id)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dev.startswith("cuda")):
-                student = drafter_hidden(self.drafter, self.producer.embed_weight, feats, blocks, noise, self.gen)
-                teacher = None
-                if a.use_soft_labels:
-                    tpos = torch.minimum(blocks.teacher_pos, (lengths[blocks.seq] - 1)[:, None])
-                    teacher = last[blocks.seq.to(self.dev)[:, None], tpos.to(self.dev)]
-                loss, st = drafter_loss(student, teacher, self.producer.lm_head_weight, blocks.labels.to(self.dev),
-                                        loss_fn=self.loss_fn, weighting=a.loss_weighting, streak_alpha=a.streak_alpha,
-                                        decay_gamma=a.decay_gamma, use_soft_labels=a.use_soft_labels,
-                                        kl_temperature=a.kl_temperature, kl_weight=a.kl_weight)
-            (loss / a.grad_accum).backward()
-            _sync([self.dev])
-            t_drafter += time.perf_counter() - t0
-            rows += blocks.input_ids.numel()
-            losses.append(float(loss.detach()))
-            ce.append(st["ce"])
-            if st["kl"] is not None:
-                kl.append(st["kl"])
-            correct += torch.tensor(st["correct"], dtype=torch.float32)
-            count += torch.tensor(st["count"], dtype=torch.float32)
+            self.all_reduce_grads()
+            # Stopping is decided together: one rank leaving the loop alone would hang the others
+            # in their next all-reduce, so a local SIGTERM only counts once it has been reduced.
+            acc["stop"] = float(self._local_stop())
+            vec = torch.tensor([acc[k] for k in names] + correct.tolist() + count.tolist(), dtype=torch.float64)
+            vec = vec.to(self.dev) if self.dev.startswith("cuda") else vec
+            dist.all_reduce(vec)
+            vec = vec.cpu()
+            acc = dict(zip(names, vec[:len(names)].tolist(), strict=True))
+            correct, count = vec[len(names):len(names) + b1], vec[len(names) + b1:]
+            acc["drafter_s"] += (time.perf_counter() - t0) * self.r.world
+            self.stop_requested = acc["stop"] > 0
         gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(),
                                                a.grad_clip if a.grad_clip > 0 else float("inf"))
         lr = self.sched.get_last_lr()[0]
@@ -326,15 +530,23 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
         step_s = time.perf_counter() - t_step
-        acc = [(c / n).item() if n > 0 else float("nan") for c, n in zip(correct, count, strict=True)]
-        mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+        accs = [(c / n).item() if n > 0 else float("nan") for c, n in zip(correct, count, strict=True)]
+        mean = lambda s, n: s / n if n else float("nan")  # noqa: E731
+        n_t, n_d = self.r.n_targets, self.r.world
         return {
-            "step": self.step, "epoch": round(self.epoch_float(), 4), "loss": mean(losses), "ce": mean(ce),
-            "kl": mean(kl) if kl else None, "lr": lr, "noise": noise, "grad_norm": float(gnorm), "acc": acc,
-            "accept_proxy": acceptance_proxy(acc), "rows": rows, "target_tokens": tokens,
-            "target_tokens_per_s": tokens / max(t_target, 1e-9), "drafter_rows_per_s": rows / max(t_drafter, 1e-9),
-            "target_s": t_target, "drafter_s": t_drafter, "step_s": step_s,
-            "target_idle_frac": max(0.0, 1 - t_target / step_s), "drafter_idle_frac": max(0.0, 1 - t_drafter / step_s),
+            "step": self.step, "epoch": round(self.epoch_float(), 4), "loss": mean(acc["loss"], acc["n_loss"]),
+            "ce": mean(acc["ce"], acc["n_loss"]), "kl": mean(acc["kl"], acc["n_kl"]) if acc["n_kl"] else None,
+            "lr": lr, "noise": noise, "grad_norm": float(gnorm), "acc": accs, "accept_proxy": acceptance_proxy(accs),
+            "rows": int(acc["rows"]), "target_tokens": int(acc["tokens"]),
+            # rates while busy, summed over workers: what each side can deliver (capacity)
+            "target_tokens_per_s": acc["tokens"] * n_t / max(acc["target_s"], 1e-9),
+            "drafter_rows_per_s": acc["rows"] * n_d / max(acc["drafter_s"], 1e-9),
+            # what the run actually got this step
+            "step_tokens_per_s": acc["tokens"] / step_s, "step_rows_per_s": acc["rows"] / step_s,
+            "target_s": acc["target_s"] / n_t, "drafter_s": acc["drafter_s"] / n_d, "step_s": step_s,
+            "queue_occupancy": mean(acc["occupancy"], acc["n_occupancy"]) if acc["n_occupancy"] else None,
+            "target_idle_frac": min(1.0, max(0.0, 1 - acc["target_s"] / (n_t * step_s))),
+            "drafter_idle_frac": min(1.0, max(0.0, acc["wait_s"] / (n_d * step_s))),
             "peak_mem_bytes": _peak_mem(self.dev),
         }
 
@@ -344,9 +556,9 @@ class Trainer:
         state = {
             "step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
             "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-            "rng": {"generator": self.gen.get_state(), "torch": torch.get_rng_state(),
+            "rng": {"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-            "args": vars(self.args), "total_steps": self.total_steps,
+            "args": vars(self.args), "total_steps": self.total_steps, "world": self.r.world,
         }
         path = ckpt.save_checkpoint(self.ckpt_root, self.step, self.drafter.state_dict(), self.dcfg.to_dict(), state,
                                     keep=self.args.keep_checkpoints)
@@ -359,40 +571,49 @@ class Trainer:
         path = a.eval_prompts or (Path(a.data_dir) / "eval" / "prompts.jsonl")
         if a.eval_num_prompts <= 0 or not Path(path).is_file():
             return None
+        if self.producer is None:  # a drafter rank without a target of its own borrows one for evaluation
+            self.producer = HiddenStateProducer(a.target_model, [self.dev], self.plan.layer_ids, self.dev)
         res = speculative_tau(self.producer, self.drafter, load_prompts(path, a.eval_num_prompts), a.block_size,
                               a.eval_max_new_tokens)
         res.pop("per_prompt")
         return res
 
     # ---- the loop ----------------------------------------------------------------------------
-    def train(self, metrics: MetricsLog, wandb_run, on_step=None) -> str:
-        a = self.args
+    def train(self, metrics, wandb_run, on_step=None) -> str:
+        """Steps until done or stopped. Every rank runs this; only rank 0 saves, logs and notifies."""
+        a, main = self.args, self.r.is_main
         self.status.update(phase="training", step=self.step, epoch=self.epoch)
         last_saved = self.step
         while self.step < self.total_steps and not self.stop_requested:
             rec = self.train_step()
-            metrics.write(rec)
-            wandb_run.log(rec, self.step)
+            if main:
+                metrics.write(rec)
+                wandb_run.log(rec, self.step)
             if not self.status.state["ready"]:
-                notify.ready(f"training, step {self.step}")
+                self.r.notifier.ready(f"training, step {self.step}")
                 self.status.update(ready=True)
-            notify.watchdog()
-            if self.step % a.log_interval == 0 or self.step == self.total_steps:
+            self.r.notifier.watchdog()
+            if main and (self.step % a.log_interval == 0 or self.step == self.total_steps):
                 self.log(f"step {self.step}/{self.total_steps} ep {rec['epoch']:.3f} loss {rec['loss']:.4f} "
                          f"ce {rec['ce']:.4f} acc1 {rec['acc'][0]:.3f} proxy {rec['accept_proxy']:.2f} "
                          f"lr {rec['lr']:.2e} target {rec['target_tokens_per_s']:.0f} tok/s "
-                         f"drafter {rec['drafter_rows_per_s']:.0f} rows/s")
+                         f"drafter {rec['drafter_rows_per_s']:.0f} rows/s idle t/d "
+                         f"{rec['target_idle_frac']:.2f}/{rec['drafter_idle_frac']:.2f}")
             if on_step is not None:
                 on_step(self)
+            if self.r.world == 1:
+                self.stop_requested = self._local_stop()
             if self.step % a.save_interval == 0 and not self.stop_requested:
-                self.save()
+                if main:
+                    self.save()
                 last_saved = self.step
             self.status.update(phase="training", step=self.step, epoch=self.epoch)
-        if self.step > last_saved or (self.step > 0 and ckpt.newest_complete(self.ckpt_root) is None):
+        if main and (self.step > last_saved or (self.step > 0 and ckpt.newest_complete(self.ckpt_root) is None)):
             self.save()
+        self.feed.close()
         if self.stop_requested:
             return "stopped"
-        res = self.evaluate()
+        res = self.evaluate() if main else None
         if res is not None:
             metrics.write({"step": self.step, **res})
             wandb_run.log({"tau": res["tau"]}, self.step)
@@ -401,32 +622,37 @@ class Trainer:
         return "completed"
 
 
-def run(args, log=print, on_step=None) -> int:
-    """Preflight, then train. ConfigError propagates (the CLI turns it into exit 78)."""
-    plan = preflight(args)
-    if args.check:
-        for line in plan.summary:
-            log("check: " + line)
-        log("check: ok")
-        return 0
+def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None, feed=None) -> str:
+    """Set up and train one drafter rank; rank 0 owns status.json, metrics.jsonl, wandb and checkpoints.
+
+    Returns the final phase. Errors are recorded in status.json (rank 0) and re-raised.
+    """
+    r = rank or Rank()
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    status = Status(out)
-    status.update(phase="loading")
-    trainer = Trainer(args, plan, status, log)
+    status = NullStatus()
+    if r.is_main:
+        status = Status(out, pid=r.main_pid, adopt=("workers",) if r.main_pid != os.getpid() else ())
+    if r.is_main:
+        status.update(phase="loading")
+    trainer = Trainer(args, plan, status, log, r, feed)
     previous = signal.signal(signal.SIGTERM, trainer.request_stop)
     metrics = wandb_run = None
     try:
         trainer.setup()
-        (out / "run_config.json").write_text(json.dumps(vars(args), indent=1, default=str) + "\n")
-        metrics = MetricsLog(out)
-        wandb_run = wandb_compat.WandbRun(args.wandb_project, args.wandb_run_name, plan.wandb_settings,
-                                          vars(args), out)
+        if r.is_main:
+            (out / "run_config.json").write_text(json.dumps(vars(args), indent=1, default=str) + "\n")
+            metrics = MetricsLog(out)
+            wandb_run = wandb_compat.WandbRun(args.wandb_project, args.wandb_run_name, plan.wandb_settings,
+                                              vars(args), out)
+        else:
+            metrics, wandb_run = NullMetrics(), None
         phase = trainer.train(metrics, wandb_run, on_step)
         status.update(phase=phase, step=trainer.step, epoch=trainer.epoch)
-        wandb_run.finish()
-        log(f"{phase} at step {trainer.step}")
-        return 0
+        if wandb_run is not None:
+            wandb_run.finish()
+        if r.is_main:
+            log(f"{phase} at step {trainer.step}")
+        return phase
     except BaseException as e:
         status.update(phase="failed", step=trainer.step, last_error=f"{type(e).__name__}: {e}".splitlines()[0])
         if wandb_run is not None:
@@ -436,3 +662,24 @@ def run(args, log=print, on_step=None) -> int:
         if metrics is not None:
             metrics.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+def run(args, log=print, on_step=None) -> int:
+    """Preflight, then --check, --plan, or train. ConfigError propagates (the CLI turns it into exit 78)."""
+    plan = preflight(args)
+    if args.check:
+        for line in plan.summary:
+            log("check: " + line)
+        log("check: ok")
+        return 0
+    if args.plan:
+        from .planner import run_plan
+
+        return run_plan(args, plan, log)
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    if plan.in_process(args):
+        run_rank(args, plan, log, on_step)
+        return 0
+    from .topology import supervise
+
+    return supervise(args, plan, log)

@@ -1,0 +1,80 @@
+"""`dflash-train --plan`: measure each side once, then choose the split of a node's devices.
+
+Which side is the bottleneck depends on anchor density (dflash.md, "GPU topology and
+throughput"): the drafter consumes `rows_per_token` draft rows per target token, a property of
+the data and of --max-anchors/--block-size, not of the hardware. So the planner measures, on the
+real model and data, in one process:
+
+    Rt  target tokens/s on one device (a replica on the first --target-gpus entry)
+    Rd  drafter rows/s on one device (the first --drafter-gpus entry), the full training step
+    rows_per_token from the same micro-batches
+
+and with k of the node's n devices serving targets and n-k training, the drafter can do at most
+min(k * Rt * rows_per_token, (n-k) * Rd) rows/s. It prints that for every k and the best one.
+It assumes devices are alike and that the hidden-state copy between devices is free (on one
+NVLink node it is small next to either side's compute). The first step is a warm-up, not counted.
+"""
+
+import copy
+import dataclasses
+
+from .train import InProcessFeed, NullStatus, Rank, Trainer
+
+
+def node_devices(plan) -> list[str]:
+    """The node's devices as the user listed them: distinct GPUs, or every `cpu` entry."""
+    devs = plan.target_devices + plan.drafter_devices
+    if all(d == "cpu" for d in devs):
+        return devs
+    return sorted({d for d in devs if d != "cpu"}, key=lambda d: int(d.split(":")[1]))
+
+
+def best_split(n: int, target_tok_s: float, drafter_rows_s: float, rows_per_token: float) -> list[dict]:
+    """One row per k = target devices (1..n-1): the drafter rows/s that split allows and its bound."""
+    rows = []
+    for k in range(1, n):
+        supply = k * target_tok_s * rows_per_token  # rows/s the targets can feed
+        demand = (n - k) * drafter_rows_s  # rows/s the drafters can train
+        rows.append({"targets": k, "drafters": n - k, "drafter_rows_per_s": min(supply, demand),
+                     "bound": "target" if supply < demand else "drafter"})
+    return rows
+
+
+def run_plan(args, plan, log) -> int:
+    a = copy.copy(args)
+    a.resume, a.max_steps, a.eval_num_prompts = "never", args.plan_steps + 1, 0
+    one = dataclasses.replace(plan, target_devices=plan.target_devices[:1], drafter_devices=plan.drafter_devices[:1])
+    trainer = Trainer(a, one, NullStatus(), log=lambda s: None, rank=Rank())
+    trainer.setup()
+    assert isinstance(trainer.feed, InProcessFeed)
+    recs = [trainer.train_step() for _ in range(a.max_steps)][1:]
+    tokens = sum(r["target_tokens"] for r in recs)
+    rows = sum(r["rows"] for r in recs)
+    rt = tokens / max(sum(r["target_s"] for r in recs), 1e-9)
+    rd = rows / max(sum(r["drafter_s"] for r in recs), 1e-9)
+    rpt = rows / max(tokens, 1)
+    peak = max(r["peak_mem_bytes"] for r in recs) / 2**30
+    devs = node_devices(plan)
+    log(f"plan: measured {len(recs)} step(s) after a warm-up; target on {one.target_devices[0]}: {rt:,.0f} tokens/s; "
+        f"drafter on {one.drafter_devices[0]}: {rd:,.0f} rows/s (peak {peak:.1f} GiB); "
+        f"{rpt:.3f} draft rows per target token ({rows / len(recs):,.0f} rows, {tokens / len(recs):,.0f} tokens "
+        "per step)")
+    if len(devs) < 2:
+        both = 1 / (1 / max(rt * rpt, 1e-9) + 1 / max(rd, 1e-9))
+        log(f"plan: one device ({devs[0]}): target and drafter take turns on it: about {both:,.0f} drafter rows/s; "
+            "list more devices in --target-gpus/--drafter-gpus to plan a split")
+        return 0
+    table = best_split(len(devs), rt, rd, rpt)
+    for row in table:
+        log(f"plan:   {row['targets']} target + {row['drafters']} drafter: {row['drafter_rows_per_s']:,.0f} "
+            f"drafter rows/s ({row['bound']}-bound)")
+    best = max(table, key=lambda r: r["drafter_rows_per_s"])
+    k = best["targets"]
+    if devs[0] == "cpu":
+        flags = f"--target-gpus {','.join(['cpu'] * k)} --drafter-gpus {','.join(['cpu'] * (len(devs) - k))}"
+    else:
+        ids = [d.split(":")[1] for d in devs]
+        flags = f"--target-gpus {','.join(ids[:k])} --drafter-gpus {','.join(ids[k:])}"
+    log(f"plan: best split of {len(devs)} device(s): {k} target + {len(devs) - k} drafter, about "
+        f"{best['drafter_rows_per_s']:,.0f} drafter rows/s ({best['bound']}-bound): {flags}")
+    return 0

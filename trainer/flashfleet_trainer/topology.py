@@ -1,0 +1,460 @@
+"""The processes of one node: target workers, drafter ranks, and the main process that watches them.
+
+    dflash-train (main process: rendezvous, sd_notify, SIGTERM, watching)
+      |- target worker i   one per --target-gpus entry: loads a target replica, serves requests
+      |- drafter rank j    one per --drafter-gpus entry: a Trainer; ranks all-reduce gradients
+
+Hidden states. Each drafter rank asks for the micro-batches it will train on, up to
+--queue-depth ahead, on ONE request queue that every target worker of the node takes from (so a
+free target always takes the next request, and faster targets do more). The answer comes back on
+the rank's own reply queue. Tensors travel as torch.multiprocessing handles, never as pickled
+data: CPU tensors as shared memory, CUDA tensors as CUDA IPC handles, which the rank copies
+device-to-device onto its own GPU. The queue is bounded by the number of outstanding requests.
+
+Failure. Children die with the main process (PR_SET_PDEATHSIG). The main process waits on all
+children's sentinels: a target or drafter that exits before the drafters finished takes the run
+down at once (every child killed, one line naming the worker, its pid and its exit; exit 1;
+rank 0's node records it in status.json). Across nodes the main processes share the c10d
+TCPStore of the rendezvous: each bumps a heartbeat counter every second and watches the others';
+a node whose counter stands still for --node-timeout seconds, or that published a failure under
+the key `failed` (first writer wins, so it names the node that went first), stops every node.
+
+Stopping. SIGTERM reaches every process of the unit's cgroup. Drafter ranks agree to stop in the
+step's all-reduce, rank 0 saves, all exit 0; target workers ignore SIGTERM and leave when the
+main process tells them to (after the drafters are done); the main process then exits 0.
+"""
+
+import ctypes
+import datetime
+import json
+import multiprocessing.connection as mpc
+import os
+import queue
+import signal
+import socket
+import sys
+import time
+import traceback
+
+import torch
+import torch.multiprocessing as mp
+
+from . import notify
+from .config import EX_CONFIG, ConfigError
+from .metrics import Status
+from .train import Features, Rank, pad_batch, run_rank
+
+HEARTBEAT_S = 1.0
+
+
+class TopologyError(RuntimeError):
+    """A worker or node failed, or the nodes never met: not a config error, not retried in-process."""
+
+
+def _die_with_parent():
+    """Ask the kernel to SIGKILL this child if the main process goes away (no orphaned workers)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _cpu_threads(n_procs: int):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, n_procs)))
+
+
+class QueueNotifier:
+    """sd_notify from a child must come from the main process (NotifyAccess=main): forward it."""
+
+    def __init__(self, events):
+        self.events = events
+
+    def status(self, text):
+        self.events.put(("status", text))
+
+    def ready(self, text="training"):
+        self.events.put(("ready", text))
+
+    def watchdog(self):
+        self.events.put(("watchdog", ""))
+
+    def stopping(self):
+        self.events.put(("stopping", ""))
+
+
+class NullNotifier:
+    def status(self, text):
+        pass
+
+    def ready(self, text="training"):
+        pass
+
+    def watchdog(self):
+        pass
+
+    def stopping(self):
+        pass
+
+
+# ---- target worker ---------------------------------------------------------------------------
+
+def target_worker(index, device, args, layer_ids, want_last, requests, replies, events, n_procs):
+    """Serve hidden states for requests (drafter, key, ids, lengths) until a None arrives."""
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # leave when told, after the drafters saved
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from .model import HiddenStateProducer
+
+    if device == "cpu":
+        _cpu_threads(n_procs)
+    else:
+        torch.cuda.set_device(device)
+    producer = HiddenStateProducer(args.target_model, [device], layer_ids, device)
+    for q in replies:
+        q.cancel_join_thread()  # replies nobody reads any more must not block this process's exit
+    events.put(("loaded", index))
+    while True:
+        req = requests.get()
+        if req is None:
+            return
+        drafter, key, ids, lengths = req
+        t0 = time.perf_counter()
+        attn = (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()
+        feats, last = producer.forward(ids, attn)
+        if device != "cpu":
+            torch.cuda.synchronize(device)
+        replies[drafter].put((key, feats, last if want_last else None, lengths, time.perf_counter() - t0))
+        del feats, last
+
+
+class QueueFeed:
+    """A drafter rank's side of the queue: keeps `depth` requests outstanding, returns in order."""
+
+    def __init__(self, requests, replies, local_rank, depth, device):
+        self.requests, self.replies, self.local_rank = requests, replies, local_rank
+        self.depth, self.device = depth, device
+        self.ready, self.outstanding = {}, 0
+
+    def start(self, data, upcoming):
+        self.data, self.upcoming = data, upcoming
+        self._fill()
+
+    def _fill(self):
+        while self.outstanding < self.depth:
+            epoch, index, idx = next(self.upcoming)
+            ids, lengths = pad_batch(self.data, idx)
+            self.requests.put((self.local_rank, (epoch, index), ids, lengths))
+            self.outstanding += 1
+
+    def get(self, key, idx) -> Features:
+        t0 = time.perf_counter()
+        occupancy = min(1.0, (len(self.ready) + self.replies.qsize()) / self.depth)
+        while key not in self.ready:
+            k, feats, last, lengths, busy = self.replies.get()
+            self.ready[k] = (feats, last, lengths, busy)
+        feats, last, lengths, busy = self.ready.pop(key)
+        self.outstanding -= 1
+        self._fill()
+        feats = feats.to(self.device)  # device-to-device when the target sits on another GPU
+        last = last.to(self.device) if last is not None else None
+        if self.device != "cpu":
+            torch.cuda.synchronize(self.device)
+        return Features(feats, last, lengths, busy, time.perf_counter() - t0, occupancy)
+
+    def close(self):
+        pass
+
+
+# ---- drafter rank ----------------------------------------------------------------------------
+
+def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, requests, reply_q, events,
+                 stop_event, main_pid, depth, n_procs):
+    """One data-parallel drafter rank in its own process. Exit code: 0, 78 (config), 1 (crash)."""
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: stop_event.set())  # until the Trainer installs its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch.distributed as dist
+
+    device = plan.drafter_devices[local_rank]
+    if device == "cpu":
+        _cpu_threads(n_procs)
+    else:
+        torch.cuda.set_device(device)
+    code = 0
+    try:
+        if world > 1:
+            host, port = store_addr
+            store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=args.rdzv_timeout))
+            # Generous: rank 0 may save a checkpoint while the others wait in the next all-reduce;
+            # dead peers are detected by the main processes, not by this timeout.
+            dist.init_process_group("gloo" if device == "cpu" else "nccl", store=dist.PrefixStore("drafters", store),
+                                    rank=rank, world_size=world, timeout=datetime.timedelta(hours=1))
+        feed = QueueFeed(requests, reply_q, local_rank, depth, device)
+        r = Rank(rank=rank, world=world, local_rank=local_rank, n_targets=n_targets,
+                 notifier=QueueNotifier(events) if local_rank == 0 else NullNotifier(), stop_event=stop_event,
+                 main_pid=main_pid)
+        log = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: print(f"[rank {rank}] {s}", flush=True))
+        run_rank(args, plan, log, rank=r, feed=feed)
+    except ConfigError as e:
+        print(e.line(), file=sys.stderr, flush=True)
+        code = EX_CONFIG
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(code)  # skip queue feeder joins: the main process owns the queues' lifetime
+
+
+# ---- the node's main process -----------------------------------------------------------------
+
+def _describe_exit(code) -> str:
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Node:
+    """One node's main process: rendezvous, spawn, forward notifications, watch, stop."""
+
+    def __init__(self, args, plan, log):
+        self.args, self.plan, self.log = args, plan, log
+        self.T, self.D = len(plan.target_devices), len(plan.drafter_devices)
+        self.world = args.nnodes * self.D
+        self.node = args.node_rank
+        self.main = self.node == 0  # global rank 0 lives here: status.json is this node's to write
+        self.store = None
+        self.children = []  # (role, index, device, rank, process)
+
+    # -- rendezvous --
+    def rendezvous(self) -> tuple[str, int] | None:
+        """Store address for the drafters' process group (None when there is only one rank)."""
+        import torch.distributed as dist
+
+        a = self.args
+        timeout = datetime.timedelta(seconds=a.rdzv_timeout)
+        if a.nnodes == 1:
+            if self.world == 1:
+                return None
+            self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+            return "127.0.0.1", self.store.port
+        host, port = a.rdzv_endpoint.rsplit(":", 1)
+        self.endpoint = a.rdzv_endpoint
+        try:
+            self.store = dist.TCPStore(host, int(port), is_master=self.main, wait_for_workers=False, timeout=timeout)
+        except Exception as e:
+            raise TopologyError(f"node {self.node}: cannot reach the rendezvous store at {a.rdzv_endpoint} within "
+                                f"{a.rdzv_timeout:.0f}s ({str(e).splitlines()[0]})") from e
+        me = {"host": socket.gethostname(), "targets": self.T, "drafters": self.D}
+        self.store.set(f"join/{self.node}", json.dumps(me))
+        keys = [f"join/{i}" for i in range(a.nnodes)]
+        self.log(f"node {self.node}/{a.nnodes}: joined the rendezvous at {a.rdzv_endpoint}, waiting for the others")
+        try:
+            self.store.wait(keys, timeout)
+        except Exception as e:
+            missing = [i for i, k in enumerate(keys) if not self.store.check([k])]
+            raise TopologyError(f"rendezvous at {a.rdzv_endpoint}: node(s) {missing} did not join within "
+                                f"{a.rdzv_timeout:.0f}s") from e
+        nodes = [json.loads(self.store.get(k)) for k in keys]
+        if any(n["drafters"] != self.D for n in nodes):
+            raise ConfigError(f"nodes disagree on the number of drafter ranks ({[n['drafters'] for n in nodes]})",
+                              "give every node the same --drafter-gpus count")
+        self.n_targets_total = sum(n["targets"] for n in nodes)
+        self.log(f"node {self.node}: all {a.nnodes} nodes joined ({', '.join(n['host'] for n in nodes)}); "
+                 f"{self.n_targets_total} target worker(s), {self.world} drafter rank(s) in all")
+        self.beats = {i: (-1, time.monotonic()) for i in range(a.nnodes) if i != self.node}
+        return host, int(port)
+
+    # -- spawning --
+    def spawn(self, store_addr):
+        a, p = self.args, self.plan
+        ctx = mp.get_context("spawn")
+        self.requests, self.events, self.stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+        self.replies = [ctx.Queue() for _ in range(self.D)]
+        depth = a.queue_depth or max(2, -(-2 * self.T // self.D))
+        n_procs = self.T + self.D
+        for i, dev in enumerate(p.target_devices):
+            proc = ctx.Process(target=target_worker, name=f"target-{i}", args=(
+                i, dev, a, p.layer_ids, a.use_soft_labels, self.requests, self.replies, self.events, n_procs))
+            proc.start()
+            self.children.append(("target worker", i, dev, None, proc))
+        child_plan = _strip(p)
+        for j, dev in enumerate(p.drafter_devices):
+            rank = self.node * self.D + j
+            proc = ctx.Process(target=drafter_rank, name=f"drafter-{rank}", args=(
+                j, rank, self.world, self.n_targets_total, a, child_plan, store_addr, self.requests, self.replies[j],
+                self.events, self.stop, os.getpid(), depth, n_procs))
+            proc.start()
+            self.children.append(("drafter rank", rank, dev, rank, proc))
+        for role, i, dev, _, proc in self.children:
+            self.log(f"node {self.node}: started {role} {i} on {dev} (pid {proc.pid})")
+        if self.main:
+            self.status.update(workers=[{"role": role, "index": i, "device": dev, "pid": proc.pid, "node": self.node}
+                                        for role, i, dev, _, proc in self.children])
+
+    # -- watching --
+    def heartbeat(self) -> str | None:
+        """Beat, and look at the other nodes. Returns a failure message or None."""
+        try:
+            self.store.add(f"hb/{self.node}", 1)
+            if self.store.check(["failed"]):
+                return self.store.get("failed").decode()
+            now = time.monotonic()
+            for i, (seen, since) in list(self.beats.items()):
+                if self.store.check([f"done/{i}"]):
+                    del self.beats[i]
+                    continue
+                beat = self.store.add(f"hb/{i}", 0)
+                if beat != seen:
+                    self.beats[i] = (beat, now)
+                elif now - since > self.args.node_timeout:
+                    return f"node {i} stopped heartbeating {now - since:.0f}s ago (its process or host is gone)"
+        except Exception as e:
+            return f"node {self.node} lost the rendezvous store at {self.endpoint} ({str(e).splitlines()[0]}): node 0 is gone"
+        return None
+
+    def watch(self) -> int:
+        """Until the drafters finish (0), one fails (1 or 78), or another node does (1)."""
+        loaded, ready_pending, ready_sent, last_beat = set(), None, False, 0.0
+        procs = {proc.sentinel: c for c in self.children for proc in [c[4]]}
+        drafters_left = {c[3] for c in self.children if c[0] == "drafter rank"}
+        while True:
+            mpc.wait(list(procs), timeout=0.5)
+            while True:
+                try:
+                    kind, value = self.events.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "loaded":
+                    loaded.add(value)
+                    notify.status(f"target {len(loaded)}/{self.T} loaded")
+                elif kind == "status":
+                    notify.status(value)
+                elif kind == "ready":
+                    ready_pending = value
+                elif kind == "watchdog":
+                    notify.watchdog()
+                elif kind == "stopping":
+                    notify.stopping()
+            if ready_pending and not ready_sent and len(loaded) == self.T:
+                notify.ready(ready_pending)  # every rank has joined and stepped, every target loaded
+                ready_sent = True
+            for sentinel, (role, i, dev, rank, proc) in list(procs.items()):
+                code = proc.exitcode
+                if code is None:
+                    continue
+                del procs[sentinel]
+                if role == "drafter rank" and code == 0:
+                    drafters_left.discard(rank)
+                    continue
+                if role == "drafter rank" and code == EX_CONFIG:
+                    return self.fail(f"node {self.node}: drafter rank {i} stopped on a config error (see above)",
+                                     EX_CONFIG)
+                return self.fail(f"node {self.node}: {role} {i} (pid {proc.pid}, {dev}) {_describe_exit(code)}")
+            if not drafters_left:
+                return self.finish()
+            if self.store is not None and self.args.nnodes > 1 and time.monotonic() - last_beat >= HEARTBEAT_S:
+                last_beat = time.monotonic()
+                msg = self.heartbeat()
+                if msg:
+                    return self.fail(msg, publish=False)
+
+    def finish(self) -> int:
+        """Drafters are done: release the targets, then leave."""
+        if self.store is not None and self.args.nnodes > 1:
+            try:
+                self.store.set(f"done/{self.node}", "1")
+            except Exception:
+                pass  # node 0 may already be gone; our part is done either way
+        for _ in range(self.T):
+            self.requests.put(None)
+        deadline = time.monotonic() + 60
+        for role, i, _, _, proc in self.children:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.exitcode is None:
+                self.log(f"node {self.node}: {role} {i} did not exit; killing pid {proc.pid}")
+                proc.kill()
+                proc.join()
+        if self.main and self.args.nnodes > 1:
+            self._wait_others_done()
+        return 0
+
+    def _wait_others_done(self):
+        """Node 0 hosts the store: keep it up until the other nodes have said they are done."""
+        deadline = time.monotonic() + self.args.node_timeout
+        while time.monotonic() < deadline:
+            if all(self.store.check([f"done/{i}"]) for i in range(1, self.args.nnodes)):
+                return
+            time.sleep(0.2)
+
+    def fail(self, msg, code=1, publish=True) -> int:
+        self.kill_all()
+        if publish and self.store is not None and self.args.nnodes > 1:
+            try:  # first writer wins: the key names the node that went first
+                self.store.compare_set("failed", "", msg)
+            except Exception:
+                pass
+        if self.main:
+            Status(self.args.output_dir, keep=True).update(phase="failed", last_error=msg)
+        print(f"flashfleet-train: error: {msg}", file=sys.stderr, flush=True)
+        return code
+
+    def kill_all(self):
+        for _, _, _, _, proc in self.children:
+            if proc.exitcode is None:
+                proc.kill()
+        for _, _, _, _, proc in self.children:
+            proc.join(10)
+
+    def run(self) -> int:
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        stop_seen = []
+
+        def on_term(*_):
+            if hasattr(self, "stop"):
+                self.stop.set()
+            if not stop_seen:
+                stop_seen.append(1)
+                notify.stopping()
+                self.log("stop requested: the drafter ranks finish the current step, rank 0 saves")
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+        try:
+            if self.main:
+                self.status = Status(self.args.output_dir)
+                self.status.update(phase="loading")
+            notify.status("rendezvous" if self.args.nnodes > 1 else "starting workers")
+            self.n_targets_total = self.T
+            try:
+                store_addr = self.rendezvous()
+            except TopologyError as e:
+                return self.fail(str(e))
+            self.spawn(store_addr)
+            if stop_seen:
+                self.stop.set()
+            return self.watch()
+        except BaseException:
+            self.kill_all()
+            raise
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+def _strip(plan):
+    """The plan without the transformers config, so drafter ranks need not import transformers."""
+    import dataclasses
+
+    return dataclasses.replace(plan, target_config=None)
+
+
+def supervise(args, plan, log) -> int:
+    return Node(args, plan, log).run()

@@ -1,0 +1,60 @@
+"""The shipped inventories: they parse, and every run in them is a valid dflash-train configuration.
+
+The example inventory's `v2` is the first incident's command line; this test proves every one of
+its flags is a flag of dflash-train with the same meaning (a typo would otherwise surface only
+at launch, as a --check failure on the fleet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flashfleet_trainer.config import parse_args
+from tests.conftest import ROOT
+
+INCIDENT_FLAGS = (
+    "--target-model --data-dir --output-dir --target-gpus --drafter-gpus --epochs --lr --warmup-ratio "
+    "--weight-decay --grad-accum --grad-clip --token-budget --max-seq-len --max-batch-size --block-size "
+    "--max-anchors --num-draft-layers --use-soft-labels --kl-temperature --kl-weight --streak-alpha "
+    "--noise-start --noise-end --save-interval --wandb-project --wandb-run-name").split()
+
+
+def _inventory(name: str) -> dict:
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(ROOT / "inventory" / name), "--list"],
+        capture_output=True, text=True, check=True, env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")})
+    return json.loads(out.stdout)
+
+
+def _runs(inv: dict) -> dict:
+    host = inv["gpu_nodes"]["hosts"][0] if "hosts" in inv["gpu_nodes"] else None
+    if host is None:  # gpu_nodes made of child groups
+        child = inv["gpu_nodes"]["children"][0]
+        host = inv[child]["hosts"][0]
+    return inv["_meta"]["hostvars"][host]["flashfleet_runs"]
+
+
+@pytest.mark.parametrize("name", ["local", "example"])
+def test_every_run_is_a_valid_trainer_configuration(name, tmp_path):
+    runs = _runs(_inventory(name))
+    assert runs, f"inventory/{name} defines no run"
+    for run, spec in runs.items():
+        config = dict(spec["trainer"], output_dir=str(tmp_path / run))
+        path = tmp_path / f"{run}.json"
+        path.write_text(json.dumps(config))
+        args = parse_args(["--config", str(path)])  # raises ConfigError on an unknown key or bad value
+        assert args.output_dir == str(tmp_path / run)
+
+
+def test_example_v2_is_the_incident_run_flag_for_flag():
+    v2 = _runs(_inventory("example"))["v2"]
+    given = {f"--{k.replace('_', '-')}" for k in v2["trainer"]} | {"--output-dir", "--wandb-project", "--wandb-run-name"}
+    assert set(INCIDENT_FLAGS) <= given, sorted(set(INCIDENT_FLAGS) - given)
+    assert v2["trainer"]["target_gpus"] == "0,1,2,3,4,5,6" and v2["trainer"]["drafter_gpus"] == "7"
+    assert v2["wandb"]["run_name"] == "v2-kpro6-7x1-softKL-6ep"

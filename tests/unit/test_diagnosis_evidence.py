@@ -206,3 +206,18 @@ def test_gather_reads_dmesg_when_the_journal_has_no_kernel_lines(stubbed_host, t
     assert len(ev["kernel"]["entries"]) == 1
     verdict = fc.classify(ev)
     assert verdict["verdict"] == "cgroup-oom-kill" and "tied by time" in verdict["reason"]
+
+
+def test_disk_state_follows_checkpoints_to_another_filesystem(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    assert "checkpoints" not in fe.disk_state(str(run), str(tmp_path))
+    (run / "checkpoints").mkdir()
+    assert "checkpoints" not in fe.disk_state(str(run), str(tmp_path)), "same filesystem: nothing extra"
+    (run / "checkpoints").rmdir()
+    if os.stat("/dev/shm").st_dev == os.stat(str(run)).st_dev:
+        pytest.skip("/dev/shm is on the same filesystem as the test's tmp dir here")
+    (run / "checkpoints").symlink_to("/dev/shm")
+    disk = fe.disk_state(str(run), "/dev/shm")
+    assert disk["checkpoints"]["realpath"] == "/dev/shm"
+    assert disk["checkpoints"]["free_bytes"] == disk["shm"]["free_bytes"]

@@ -666,8 +666,12 @@ def _cause(evidence, run, unit, props, status, inv, facts, ooms, xids, app, kern
         return Finding("cuda-oom", f"GPU memory exhausted: {hit[1].strip()[:200]}", base + [jline(*hit)])
     hit = _grep(app, r"No space left on device|\[Errno 28\]")
     if hit:
-        disk = ((evidence.get("disk") or {}).get("output_dir")) or {}
-        free = f"; {disk['free_bytes'] / 2**30:.1f} GiB free now on {disk.get('path')}" if disk.get("free_bytes") is not None else ""
+        disks = evidence.get("disk") or {}
+        disk = disks.get("checkpoints") or disks.get("output_dir") or {}
+        free = ""
+        if disk.get("free_bytes") is not None:
+            where = disk.get("path") + (f" -> {disk['realpath']}" if disk.get("realpath") else "")
+            free = f"; {_size(disk['free_bytes'])} free now on {where}"
         saving = " during a checkpoint save" if _grep(app, r"checkpoint|\.tmp-step-") else ""
         return Finding("disk-full", f"No space left on device{saving}{free}", base + [jline(*hit)])
     hit = _grep(app, r"Watchdog caught collective operation timeout")
@@ -728,6 +732,13 @@ def _cause(evidence, run, unit, props, status, inv, facts, ooms, xids, app, kern
                    + (f": {', '.join(gaps)}" if gaps else f" ({exit_desc})")
                    + (f"; status.json last said phase={status.get('phase')} step={status.get('step')}" if status else ""),
                    base + ([f"status.json: phase={status.get('phase')} updated {fmt_time(as_float(status.get('updated')))}"] if status else []))
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} bytes"
 
 
 def kernel_reason(evidence: dict) -> str:

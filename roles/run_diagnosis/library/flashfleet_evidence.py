@@ -351,6 +351,21 @@ def free_space(path):
             "total_bytes": st.f_blocks * st.f_frsize}
 
 
+def disk_state(output_dir, shm):
+    """Free space of the run dir, of where its checkpoints really are (a symlink or a mount can put
+    them on another filesystem, which is the one that fills during a save), and of /dev/shm."""
+    disk = {"output_dir": free_space(output_dir), "shm": free_space(shm)}
+    ckpt = os.path.join(output_dir, "checkpoints")
+    real = os.path.realpath(ckpt)
+    try:
+        other_fs = os.path.exists(ckpt) and os.stat(real).st_dev != os.stat(output_dir).st_dev
+    except OSError:
+        other_fs = False
+    if other_fs:
+        disk["checkpoints"] = dict(free_space(real), path=ckpt, realpath=real)
+    return disk
+
+
 def unit_cgroup_default(unit):
     prefix, _, _ = unit.partition("@")
     if "@" in unit:
@@ -617,7 +632,7 @@ def gather(params):
         ev["metrics"] = {"readable": False, "error": f"{metrics_path}: {exc.strerror}", "path": metrics_path, "last": None}
     ev["gpu"] = gather_gpu(host)
     ev["venv"] = gather_venv(host, venv, lock)
-    ev["disk"] = {"output_dir": free_space(output_dir), "shm": free_space(params.get("shm") or "/dev/shm")}
+    ev["disk"] = disk_state(output_dir, params.get("shm") or "/dev/shm")
     ev["errors"] = errors
     ev["elapsed_s"] = round(time.time() - t0, 3)
     return ev

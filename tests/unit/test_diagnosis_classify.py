@@ -171,3 +171,15 @@ def test_cli_prints_table_and_json(tmp_path):
     res = subprocess.run([sys.executable, str(CLASSIFY), "--json", str(run / "gpu01" / "evidence.json")],
                          capture_output=True, text=True, check=True)
     assert json.loads(res.stdout)["verdict"] == "cuda-oom"
+
+
+def test_status_times_as_the_trainer_writes_them():
+    """status.json carries ISO 8601 UTC times (`2026-11-30T18:56:34Z`); older ones unix seconds."""
+    assert fc.status_time("2026-11-30T18:56:34Z") == 1796064994.0
+    assert fc.status_time(1796064994) == fc.status_time("1796064994") == 1796064994.0
+    assert fc.status_time("yesterday") is None and fc.status_time(None) is None
+    ev = evidence("handbuilt/running.json")
+    ev["status"]["data"]["updated"] = "2026-11-30T18:56:34Z"
+    ev["collected_at"] = 1796064994.0 + 7
+    result = fc.classify(ev)
+    assert result["verdict"] == "running" and "status updated 7 s ago" in result["reason"]

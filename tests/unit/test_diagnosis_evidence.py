@@ -221,3 +221,9 @@ def test_disk_state_follows_checkpoints_to_another_filesystem(tmp_path):
     disk = fe.disk_state(str(run), "/dev/shm")
     assert disk["checkpoints"]["realpath"] == "/dev/shm"
     assert disk["checkpoints"]["free_bytes"] == disk["shm"]["free_bytes"]
+
+
+def test_run_window_starts_at_the_status_files_iso_time():
+    status = {"data": {"started": "2026-11-30T18:56:34Z"}}
+    assert fe.run_window_start({"properties": {}}, {"entries": []}, status) == 1796064994.0 - 60
+    assert fe.run_window_start({"properties": {}}, {"entries": []}, {"data": {"started": 1796064994}}) == 1796064994.0 - 60

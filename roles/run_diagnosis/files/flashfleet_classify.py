@@ -161,6 +161,23 @@ def parse_systemd_time(value: str | None) -> float | None:
     return None
 
 
+def status_time(value) -> float | None:
+    """A time from status.json: unix seconds (number or numeric string) or ISO 8601 (`...Z`)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    number = as_float(text)
+    if number is not None:
+        return number
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+
+
 def fmt_time(ts: float | None) -> str:
     if ts is None:
         return "?"
@@ -454,10 +471,11 @@ def _running(evidence, run, unit, props, status, invocations, props_line, warnin
         reason = f"starting, not READY yet ({text})"
     else:
         reason = f"training, step {step}" if step is not None else "active"
-        if status.get("updated") is not None:
-            age = (evidence.get("collected_at") or time.time()) - float(status["updated"])
+        updated = status_time(status.get("updated"))
+        if updated is not None:
+            age = (evidence.get("collected_at") or time.time()) - updated
             reason += f", status updated {age:.0f} s ago"
-            lines.append(f"status.json: phase={status.get('phase')} step={step} updated {fmt_time(float(status['updated']))}")
+            lines.append(f"status.json: phase={status.get('phase')} step={step} updated {fmt_time(updated)}")
     nrestarts = as_int(props.get("NRestarts"), 0)
     previous = None
     if nrestarts or len(invocations) > 1:
@@ -731,7 +749,7 @@ def _cause(evidence, run, unit, props, status, inv, facts, ooms, xids, app, kern
     return Finding("unknown", f"unit is {props.get('ActiveState', '?')} and nothing explains how it ended"
                    + (f": {', '.join(gaps)}" if gaps else f" ({exit_desc})")
                    + (f"; status.json last said phase={status.get('phase')} step={status.get('step')}" if status else ""),
-                   base + ([f"status.json: phase={status.get('phase')} updated {fmt_time(as_float(status.get('updated')))}"] if status else []))
+                   base + ([f"status.json: phase={status.get('phase')} updated {fmt_time(status_time(status.get('updated')))}"] if status else []))
 
 
 def _size(n: float) -> str:

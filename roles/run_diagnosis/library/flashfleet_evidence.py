@@ -591,8 +591,13 @@ def run_window_start(unit_props, journal, status):
         except ValueError:
             pass
     started = (status.get("data") or {}).get("started") if isinstance(status.get("data"), dict) else None
-    if isinstance(started, (int, float)):
+    if isinstance(started, (int, float)) and not isinstance(started, bool):
         candidates.append(float(started))
+    elif isinstance(started, str):  # the trainer writes ISO 8601 UTC (2026-11-30T18:56:34Z)
+        try:
+            candidates.append(_timegm(time.strptime(started.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S%z")))
+        except ValueError:
+            pass
     return min(candidates) - 60 if candidates else None
 
 

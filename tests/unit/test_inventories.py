@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from flashfleet_trainer.config import parse_args
+
 from tests.conftest import ROOT
 
 INCIDENT_FLAGS = (

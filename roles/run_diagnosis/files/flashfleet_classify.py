@@ -419,6 +419,8 @@ def classify(evidence: dict) -> dict:
         "step": step,
         "newest_checkpoint": newest,
         "nrestarts": as_int(props.get("NRestarts"), 0),
+        # When the unit's main process last ended (epoch seconds), for ordering failures across hosts.
+        "ended_at": parse_systemd_time(props.get("ExecMainExitTimestamp")),
         "warnings": warnings,
         "classified_at": time.time(),
     }
@@ -778,6 +780,21 @@ def _evidence_files(args: list[str]) -> list[Path]:
     return files
 
 
+# Verdicts that are not a failure: a run that was fine, or never ran, did not "go first".
+NOT_FAILURES = {"running", "completed", "not-started", "stopped", "unreachable", "no-evidence", "unknown"}
+
+
+def first_failure(rows: list[dict]) -> dict | None:
+    """The host whose run died first, by its unit's exit time: in a multi-node run the others
+    usually fail because that one did (a rendezvous or collective timeout). Host clocks must agree
+    (NTP); None when no host failed with a known exit time."""
+    failed = [r for r in rows if r.get("verdict") not in NOT_FAILURES and r.get("ended_at") is not None]
+    if not failed:
+        return None
+    first = min(failed, key=lambda r: r["ended_at"])
+    return {"host": first.get("host"), "verdict": first.get("verdict"), "ended_at": first["ended_at"]}
+
+
 def table(rows: list[dict]) -> str:
     head = ("host", "verdict", "step", "newest checkpoint", "reason")
     data = [(str(r.get("host") or "?"), str(r.get("verdict")), str(r.get("step") if r.get("step") is not None else "-"),
@@ -811,6 +828,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results if len(results) != 1 else results[0], indent=2, sort_keys=True))
     else:
         print(table(results))
+        first = first_failure(results) if len(results) > 1 else None
+        if first:
+            print(f"\nwent first: {first['host']} ({first['verdict']})")
         for r in results:
             print(f"\n[{r['host']}] {r['verdict']}: {r['reason']}")
             for line in r.get("evidence") or []:

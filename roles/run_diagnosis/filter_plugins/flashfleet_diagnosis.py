@@ -47,7 +47,12 @@ def flashfleet_rows(hosts, hostvars, fact="run_diagnosis_result"):
     return rows
 
 
+def flashfleet_first_failure(rows):
+    """The row of the host whose run died first (by exit time), or None."""
+    return _classifier().first_failure([dict(r) for r in rows])
+
+
 class FilterModule:
     def filters(self):
         return {"flashfleet_classify": flashfleet_classify, "flashfleet_verdict_table": flashfleet_verdict_table,
-                "flashfleet_rows": flashfleet_rows}
+                "flashfleet_rows": flashfleet_rows, "flashfleet_first_failure": flashfleet_first_failure}

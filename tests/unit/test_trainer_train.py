@@ -65,6 +65,16 @@ def test_short_run_writes_metrics_status_checkpoints_and_notifies(trainer_argv, 
     drafter = load_drafter(out / "checkpoints" / "step-00000003")  # loads standalone for inference
     assert drafter.config.block_size == 4
 
+    # Started again (systemd restarts a unit, or train.yml with a changed flag): nothing is left to
+    # train, and READY must still come, or a Type=notify start fails with Result=protocol.
+    sock = _bind(tmp_path / "n.sock.2")
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "n.sock.2"))
+    assert main(trainer_argv("--max-steps", "3", "--eval-num-prompts", "0", out=out)) == 0
+    again = _drain(sock)
+    sock.close()
+    assert [m for m in again if m.startswith("READY=1")], again
+    assert json.loads((out / "status.json").read_text())["step"] == 3
+
 
 def test_resume_equivalence_and_auto_skips_incomplete(trainer_argv, tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"

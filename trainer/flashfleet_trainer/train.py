@@ -584,6 +584,11 @@ class Trainer:
         a, main = self.args, self.r.is_main
         self.status.update(phase="training", step=self.step, epoch=self.epoch)
         last_saved = self.step
+        if self.step >= self.total_steps and not self.status.state["ready"]:
+            # Resumed at the end, nothing left to train: still tell systemd the start succeeded, or a
+            # Type=notify unit counts the clean exit as a failed start (Result=protocol) and restarts.
+            self.r.notifier.ready(f"nothing left to train at step {self.step}")
+            self.status.update(ready=True)
         while self.step < self.total_steps and not self.stop_requested:
             rec = self.train_step()
             if main:

@@ -183,3 +183,24 @@ def test_status_times_as_the_trainer_writes_them():
     ev["collected_at"] = 1796064994.0 + 7
     result = fc.classify(ev)
     assert result["verdict"] == "running" and "status updated 7 s ago" in result["reason"]
+
+
+def test_torch_short_write_is_disk_full_only_when_the_filesystem_is_full():
+    """torch.save on a full disk says `unexpected pos`, not Errno 28 (seen in the faults scenario)."""
+    ev = evidence("handbuilt/disk-full.json")
+    torch_line = "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 468736 vs 468624"
+    replaced = 0
+    for entry in ev["journal"]["entries"]:
+        text = fc.message(entry)
+        if "No space left" in text or "Errno 28" in text:
+            entry["MESSAGE"] = torch_line
+            replaced += 1
+    assert replaced
+    ev["disk"]["checkpoints"] = {"path": "/r/checkpoints", "realpath": "/scratch/c", "free_bytes": 900 * 1024,
+                                 "total_bytes": 128 * 2**20}
+    full = fc.classify(ev)
+    assert full["verdict"] == "disk-full" and "came up short" in full["reason"] and "/scratch/c" in full["reason"]
+    ev["disk"]["checkpoints"]["free_bytes"] = 100 * 2**20
+    roomy = fc.classify(ev)
+    assert roomy["verdict"] == "crash" and "unexpected pos" in roomy["reason"]
+    assert "came up short" in roomy["next_step"]

@@ -71,6 +71,9 @@ RE_RESULT = re.compile(r"Failed with result '(?P<result>[\w-]+)'")
 RE_EXCEPTION = re.compile(
     r"^(?P<name>(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning))(?::\s?(?P<text>.*))?$")
 RE_CONFIG_ERROR = re.compile(r"flashfleet-train: config error: .*")
+RE_TORCH_SHORT_WRITE = re.compile(r"inline_container\.cc.*unexpected pos|PytorchStreamWriter failed writing|file write failed")
+NEARLY_FULL_BYTES = 64 * 2**20
+NEARLY_FULL_FRACTION = 0.01
 
 # Signatures of diagnosis.md that name a cause inside a traceback, with the next step.
 HINTS = (
@@ -85,6 +88,7 @@ HINTS = (
     (re.compile(r"validation error for Settings|Extra inputs are not permitted"), "wandb rejected its settings: the wandb/pydantic versions drifted from the lock; re-sync the venv (provision) "),
     (re.compile(r"ModuleNotFoundError|ImportError: cannot import name"), "a package is missing or drifted: re-sync the venv from the lock (provision) and compare `venv` drift in evidence.json"),
     (re.compile(r"illegal memory access|device-side assert triggered"), "a kernel faulted on the GPU (application bug): re-run with CUDA_LAUNCH_BLOCKING=1 to find the op"),
+    (RE_TORCH_SHORT_WRITE, "a checkpoint write came up short: check free space and the health of the output filesystem"),
     (re.compile(r"No space left on device|\[Errno 28\]"), "free space on the output filesystem (or lower keep-last checkpoints), then restart; the unit resumes from the newest complete checkpoint"),
 )
 
@@ -684,16 +688,22 @@ def _cause(evidence, run, unit, props, status, inv, facts, ooms, xids, app, kern
     hit = _grep(app, r"CUDA out of memory|torch\.(cuda\.)?OutOfMemoryError")
     if hit:
         return Finding("cuda-oom", f"GPU memory exhausted: {hit[1].strip()[:200]}", base + [jline(*hit)])
+    disks = evidence.get("disk") or {}
+    disk = disks.get("checkpoints") or disks.get("output_dir") or {}
+    free = ""
+    if disk.get("free_bytes") is not None:
+        where = disk.get("path") + (f" -> {disk['realpath']}" if disk.get("realpath") else "")
+        free = f"; {_size(disk['free_bytes'])} free now on {where}"
+    saving = " during a checkpoint save" if _grep(app, r"checkpoint|\.tmp-step-") else ""
     hit = _grep(app, r"No space left on device|\[Errno 28\]")
     if hit:
-        disks = evidence.get("disk") or {}
-        disk = disks.get("checkpoints") or disks.get("output_dir") or {}
-        free = ""
-        if disk.get("free_bytes") is not None:
-            where = disk.get("path") + (f" -> {disk['realpath']}" if disk.get("realpath") else "")
-            free = f"; {_size(disk['free_bytes'])} free now on {where}"
-        saving = " during a checkpoint save" if _grep(app, r"checkpoint|\.tmp-step-") else ""
         return Finding("disk-full", f"No space left on device{saving}{free}", base + [jline(*hit)])
+    # torch.save's zip writer does not say ENOSPC: a short write surfaces as "unexpected pos" or
+    # "PytorchStreamWriter failed writing file". Disk-full only when the filesystem is full now.
+    hit = _grep(app, RE_TORCH_SHORT_WRITE)
+    if hit and saving and _nearly_full(disk):
+        return Finding("disk-full", f"the checkpoint save failed: a write came up short (torch: {hit[1].strip()[:120]}) "
+                       f"on a full filesystem{free}", base + [jline(*hit)])
     hit = _grep(app, r"Watchdog caught collective operation timeout")
     if hit:
         return Finding("nccl-timeout", f"NCCL collective timed out: {hit[1].strip()[:200]}", base + [jline(*hit)])
@@ -752,6 +762,13 @@ def _cause(evidence, run, unit, props, status, inv, facts, ooms, xids, app, kern
                    + (f": {', '.join(gaps)}" if gaps else f" ({exit_desc})")
                    + (f"; status.json last said phase={status.get('phase')} step={status.get('step')}" if status else ""),
                    base + ([f"status.json: phase={status.get('phase')} updated {fmt_time(status_time(status.get('updated')))}"] if status else []))
+
+
+def _nearly_full(disk: dict) -> bool:
+    free, total = disk.get("free_bytes"), disk.get("total_bytes")
+    if free is None:
+        return False
+    return free < NEARLY_FULL_BYTES or (bool(total) and free < NEARLY_FULL_FRACTION * total)
 
 
 def _size(n: float) -> str:

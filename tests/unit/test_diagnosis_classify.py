@@ -204,3 +204,18 @@ def test_torch_short_write_is_disk_full_only_when_the_filesystem_is_full():
     roomy = fc.classify(ev)
     assert roomy["verdict"] == "crash" and "unexpected pos" in roomy["reason"]
     assert "came up short" in roomy["next_step"]
+
+
+def test_oom_of_another_container_on_the_same_kernel_is_not_tied_by_time():
+    """Containers share the kernel log: an OOM kill in another container's cgroup, even at the
+    same second as the unit's SIGKILL, is not this run's."""
+    ev = evidence("handbuilt/cgroup-oom-kill-container.json")
+    assert fc.classify(ev)["verdict"] == "cgroup-oom-kill"
+    own = fc.host_memcg(ev)
+    ev["cgroup"]["own"] = ["4:memory:/libpod_parent/libpod-someoneelse", "0::/libpod_parent/libpod-someoneelse"]
+    result = fc.classify(ev)
+    if own is None or not own.startswith("/libpod_parent/libpod-someoneelse"):
+        assert result["verdict"] == "killed-by-signal", result
+    assert fc.host_memcg({"cgroup": {"own": ["0::/"]}}) is None
+    assert fc.host_memcg({"cgroup": {"own": ["9:name=systemd:/a/b/init.scope", "4:memory:/a/b"]}}) == "/a/b"
+    assert fc.memcg_in_host("/a/b/system.slice/x.service", "/a/b") and not fc.memcg_in_host("/a/bc", "/a/b")

@@ -364,6 +364,30 @@ def jline(ts: float | None, text: str) -> str:
     return f"journal {fmt_time(ts)}: {text.strip()}"
 
 
+def host_memcg(evidence: dict) -> str | None:
+    """The memory cgroup this host (a container, say) lives in, from PID 1's /proc/1/cgroup; None
+    when that is the root (a real host) or unknown: then nothing can be excluded by it."""
+    own = (evidence.get("cgroup") or {}).get("own") or []
+    path = None
+    for line in own:
+        parts = str(line).split(":", 2)
+        if len(parts) == 3 and ("memory" in parts[1].split(",") or (parts[0] == "0" and parts[1] == "" and path is None)):
+            path = parts[2]
+            if "memory" in parts[1].split(","):
+                break
+    if path is None:
+        return None
+    path = path.removesuffix("/init.scope").rstrip("/")
+    return path or None
+
+
+def memcg_in_host(memcg: str | None, host_cg: str | None) -> bool:
+    """False when the kernel line's cgroup is provably another container's (a shared kernel)."""
+    if not memcg or not host_cg:
+        return True
+    return memcg == host_cg or memcg.startswith(host_cg + "/")
+
+
 def memcg_names_other_unit(memcg: str | None, unit_names: set[str]) -> bool:
     if not memcg:
         return False
@@ -656,6 +680,7 @@ def _cause(evidence, run, unit, props, status, inv, facts, ooms, xids, app, kern
 
     # 2. A kernel OOM kill tied to the run.
     run_pids = _run_pids(props if current else {}, status if current else {}, inv)
+    host_cg = host_memcg(evidence)
     tied = []
     for oom in ooms:
         memcg = (oom.get("task_memcg") or "") + " " + (oom.get("oom_memcg") or "")
@@ -664,6 +689,7 @@ def _cause(evidence, run, unit, props, status, inv, facts, ooms, xids, app, kern
         elif oom["pid"] in run_pids:
             tied.append((oom, f"pid {oom['pid']} was the run's"))
         elif (sig == 9 and killed and not memcg_names_other_unit(oom.get("task_memcg"), unit_names)
+              and memcg_in_host(oom.get("task_memcg"), host_cg)
               and oom.get("ts") is not None and facts["ts"] is not None
               and -OOM_TIME_TIE_S <= oom["ts"] - facts["ts"] <= 2.0):
             tied.append((oom, f"killed {facts['ts'] - oom['ts']:.1f} s before the unit's SIGKILL, in this host's "

@@ -219,3 +219,11 @@ def test_oom_of_another_container_on_the_same_kernel_is_not_tied_by_time():
     assert fc.host_memcg({"cgroup": {"own": ["0::/"]}}) is None
     assert fc.host_memcg({"cgroup": {"own": ["9:name=systemd:/a/b/init.scope", "4:memory:/a/b"]}}) == "/a/b"
     assert fc.memcg_in_host("/a/b/system.slice/x.service", "/a/b") and not fc.memcg_in_host("/a/bc", "/a/b")
+
+
+def test_running_again_after_a_manual_relaunch_is_not_called_a_restart():
+    """Recorded: the unit was started again with train.yml after an earlier invocation was killed
+    (NRestarts=0), so the reason must not say it restarted."""
+    result = fc.classify(evidence("recorded/running-healthy.json"))
+    assert result["verdict"] == "running"
+    assert "restarted" not in result["reason"] and "earlier invocation ended: killed-by-signal" in result["reason"]

@@ -514,7 +514,10 @@ def _running(evidence, run, unit, props, status, invocations, props_line, warnin
         if earlier:
             prev = _explain_death(evidence, run, unit, {}, {}, earlier[-1], "", [], current=False)
             previous = {"verdict": prev.verdict, "reason": prev.reason, "evidence": prev.lines}
-            reason += f"; restarted {nrestarts}x, last death: {prev.verdict} ({prev.reason})"
+            if nrestarts:
+                reason += f"; restarted {nrestarts}x, last death: {prev.verdict} ({prev.reason})"
+            else:  # started again by hand (train.yml), not by Restart=
+                reason += f"; an earlier invocation ended: {prev.verdict} ({prev.reason})"
     # A hardware Xid while running is worth saying even if the run survived it.
     start = parse_systemd_time(props.get("ExecMainStartTimestamp"))
     _, xids = kernel_events(evidence, start, None)

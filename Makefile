@@ -75,6 +75,10 @@ lock: venv
 	uv pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 	  $(if $(FIND_LINKS),--find-links $(FIND_LINKS)) --no-header --annotation-style line \
 	  -c requirements/controller.lock requirements/node-cpu.in -o requirements/node-cpu.lock
+	@mkdir -p .cache && grep -vE '^(torch|triton)==' requirements/controller.lock > .cache/controller-without-torch.txt
+	uv pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	  --no-header --annotation-style line \
+	  -c .cache/controller-without-torch.txt requirements/node-cuda.in -o requirements/node-cuda.lock
 
 clean-node:
 	ansible-playbook playbooks/local_node.yml -e local_node_state=absent

@@ -32,7 +32,7 @@ def _play(tmp_path, role: str, tasks_from: str = "main") -> tuple:
 
 
 @pytest.mark.parametrize("role, extravars, needle", [
-    ("python_env", {"python_env_profile": "gpu"}, "python_env_profile 'gpu' is unknown; known profiles: cpu"),
+    ("python_env", {"python_env_profile": "gpu"}, "python_env_profile 'gpu' is unknown; known profiles: cpu, cuda"),
     ("python_env", {"python_env_profiles": {"cpu": 1}}, "python_env_profiles"),
     ("python_env", {"python_env_base_python": "/nonexistent/python3"}, "is missing or does not run"),
     ("python_env", {"python_env_min_python": "9.0"}, "the trainer needs Python >= 9.0"),

@@ -58,3 +58,17 @@ def test_example_v2_is_the_incident_run_flag_for_flag():
     assert set(INCIDENT_FLAGS) <= given, sorted(set(INCIDENT_FLAGS) - given)
     assert v2["trainer"]["target_gpus"] == "0,1,2,3,4,5,6" and v2["trainer"]["drafter_gpus"] == "7"
     assert v2["wandb"]["run_name"] == "v2-kpro6-7x1-softKL-6ep"
+
+
+def test_the_cuda_lock_is_torchs_cuda_13_build_and_shares_every_other_pin_with_the_cpu_lock():
+    """The two host profiles may differ only in torch and what its CUDA build pulls in."""
+    def pins(name):
+        lines = (ROOT / "requirements" / name).read_text().splitlines()
+        return dict(line.split("#")[0].strip().split("==") for line in lines if "==" in line.split("#")[0])
+
+    cpu, cuda = pins("node-cpu.lock"), pins("node-cuda.lock")
+    assert cpu["torch"].endswith("+cpu") and cuda["torch"] == cpu["torch"].removesuffix("+cpu")
+    assert cuda["nvidia-cuda-runtime"].startswith("13.0.")
+    shared = set(cpu) & set(cuda) - {"torch"}
+    assert {p for p in shared if cpu[p] != cuda[p]} == set()
+    assert {"wandb", "pydantic", "transformers"} <= shared

@@ -8,6 +8,14 @@ from pathlib import Path
 
 import pytest
 
+# Several tests load the project's Ansible modules, which import ansible.module_utils. That import
+# replaces sys.intern with a patch object, and torch._dynamo (imported later by the trainer tests)
+# refuses anything but a function there. Import it once here and put the builtin back.
+_intern = sys.intern
+import ansible.module_utils.basic  # noqa: E402,F401
+
+sys.intern = _intern
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -166,7 +166,7 @@ def test_interpreter_mode_does_not_leak(tmp_path):
     import sys
     from pathlib import Path
 
-    import conftest
+    from tests.kernels import conftest
 
     if conftest.HAS_CUDA or conftest._ORIGINAL is not None:
         pytest.skip("only meaningful where conftest.py turns the interpreter on")

@@ -72,3 +72,9 @@ def test_report_without_metrics_and_cli(run_dir, tmp_path):
     assert res.stdout.strip() == str(tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text()
     assert "No metrics records yet." in text and "<img" not in text
+
+
+def test_summary_row_shows_the_last_steps_loss_not_the_final_tau_record(run_dir):
+    hosts = fr.load_run(run_dir)
+    row = dict(zip(fr.HEAD, fr.summary_rows(hosts)[0], strict=True))
+    assert row["tau"] == "4.12" and row["loss"] != "-"

@@ -154,7 +154,8 @@ def _fmt(v, digits=4) -> str:
 def summary_rows(hosts: dict[str, dict]) -> list[list[str]]:
     rows = []
     for name, h in hosts.items():
-        last = h["metrics"][-1] if h["metrics"] else {}
+        # The newest optimizer-step record (the evaluation's tau record at the end has no loss).
+        last = next((r for r in reversed(h["metrics"]) if "loss" in r), {})
         tau = next((r["tau"] for r in reversed(h["metrics"]) if isinstance(r.get("tau"), (int, float))), None)
         d, s = h["diagnosis"], h["status"]
         rows.append([name, d.get("verdict", "-"), s.get("phase", "-"), _fmt(s.get("step", last.get("step"))),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -19,6 +20,15 @@ sys.intern = _intern
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def load_file(path: Path | str, name: str | None = None):
+    """Import a Python file that is not part of a package (a role's module, filter or script)."""
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def run_playbook(tmp_path, monkeypatch):
     """Run a playbook with ansible-runner (events and artifacts, not scraped stdout).
@@ -28,14 +38,15 @@ def run_playbook(tmp_path, monkeypatch):
     ansible_runner = pytest.importorskip("ansible_runner")
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
 
-    def run(playbook: Path | str, inventory: Path | str, cmdline: str | None = None, **extravars):
+    def run(playbook: Path | str, inventory: Path | str, cmdline: str | None = None,
+            envvars: dict | None = None, **extravars):
         pdd = tmp_path / "pdd"
         pdd.mkdir(exist_ok=True)
         return ansible_runner.run(
             private_data_dir=str(pdd), playbook=str(playbook), inventory=str(inventory),
             extravars=extravars, quiet=True, cmdline=cmdline,
             envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_FACT_CACHING": "memory",
-                     "ANSIBLE_ROLES_PATH": str(ROOT / "roles")})
+                     "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), **(envvars or {})})
 
     return run
 

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-ansible_runner = pytest.importorskip("ansible_runner")
+from tests.conftest import ROOT
+
 pytest.importorskip("matplotlib")
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def _venv_on_path(monkeypatch):
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
 
 
 def _host_output(tmp_path: Path) -> Path:
@@ -34,17 +27,12 @@ def _host_output(tmp_path: Path) -> Path:
     return out
 
 
-def _run(tmp_path: Path, out: Path):
+def _run(tmp_path: Path, out: Path, run_playbook):
     inv = tmp_path / "hosts.yml"
     inv.write_text(json.dumps({"all": {"vars": {"flashfleet_runs": {"v2": {}}}, "children": {"gpu_nodes": {"hosts": {
         "here": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
-    pdd = tmp_path / "pdd"
-    pdd.mkdir(exist_ok=True)
-    return ansible_runner.run(
-        private_data_dir=str(pdd), playbook=str(ROOT / "collect.yml"), inventory=str(inv), quiet=True,
-        extravars={"run": "v2", "flashfleet_runs_dir": str(tmp_path / "runs"), "run_collect_output_dir": str(out),
-                   "run_collect_use_rsync": "false"},
-        envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_FACT_CACHING": "memory"})
+    return run_playbook(ROOT / "collect.yml", inv, run="v2", flashfleet_runs_dir=str(tmp_path / "runs"),
+                        run_collect_output_dir=str(out), run_collect_use_rsync="false")
 
 
 def _changed(runner) -> dict[str, bool]:
@@ -52,9 +40,9 @@ def _changed(runner) -> dict[str, bool]:
             for e in runner.events if e.get("event") == "runner_on_ok" and e["event_data"].get("host") == "here"}
 
 
-def test_collect_fetches_then_adds_only_new(tmp_path):
+def test_collect_fetches_then_adds_only_new(tmp_path, run_playbook):
     out = _host_output(tmp_path)
-    first = _run(tmp_path, out)
+    first = _run(tmp_path, out, run_playbook)
     assert first.rc == 0, first.stdout.read()
     home = tmp_path / "runs" / "v2" / "here"
     for name in ("metrics.jsonl", "status.json", "journal.json", "diagnosis.json", "evidence.json",
@@ -68,7 +56,7 @@ def test_collect_fetches_then_adds_only_new(tmp_path):
 
     with (out / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 3, "loss": 0.5}) + "\n")
-    second = _run(tmp_path, out)
+    second = _run(tmp_path, out, run_playbook)
     assert second.rc == 0
     c2 = _changed(second)
     assert not c2["Fetch status.json"], "unchanged files are not fetched again"

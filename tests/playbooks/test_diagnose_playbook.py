@@ -8,21 +8,12 @@ port on loopback: tests never send traffic off this machine). The Molecule `faul
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-ansible_runner = pytest.importorskip("ansible_runner")
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def _venv_on_path(monkeypatch):
-    """ansible-playbook from the interpreter's own venv, however pytest was started."""
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+from tests.conftest import ROOT
 
 
 def _inventory(tmp_path: Path) -> Path:
@@ -36,13 +27,12 @@ def _inventory(tmp_path: Path) -> Path:
     return inv
 
 
-def _run(tmp_path: Path, **extravars):
-    (tmp_path / "pdd").mkdir(exist_ok=True)
-    return ansible_runner.run(
-        private_data_dir=str(tmp_path / "pdd"), playbook=str(ROOT / "diagnose.yml"),
-        inventory=str(_inventory(tmp_path)), extravars=extravars, quiet=True,
-        envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-                 "ANSIBLE_FACT_CACHING": "memory", "ANSIBLE_HOST_KEY_CHECKING": "False"})
+@pytest.fixture
+def run_diagnose(tmp_path, run_playbook):
+    def run(**extravars):
+        return run_playbook(ROOT / "diagnose.yml", _inventory(tmp_path),
+                            envvars={"ANSIBLE_HOST_KEY_CHECKING": "False"}, **extravars)
+    return run
 
 
 def _facts(runner, task: str) -> dict:
@@ -54,9 +44,9 @@ def _facts(runner, task: str) -> dict:
     return out
 
 
-def test_diagnose_writes_evidence_and_survives_an_unreachable_host(tmp_path):
+def test_diagnose_writes_evidence_and_survives_an_unreachable_host(tmp_path, run_diagnose):
     runs = tmp_path / "runs"
-    r = _run(tmp_path, run="v2", flashfleet_runs_dir=str(runs))
+    r = run_diagnose(run="v2", flashfleet_runs_dir=str(runs))
     assert r.rc == 0, r.stdout.read()
     rows = _facts(r, "Record this host's row for the summary")
     assert set(rows) == {"here", "gone"}
@@ -72,8 +62,8 @@ def test_diagnose_writes_evidence_and_survives_an_unreachable_host(tmp_path):
 
 
 @pytest.mark.parametrize("extra,needle", [({}, "no run given"), ({"run": "nope"}, 'unknown run "nope"')])
-def test_diagnose_rejects_a_missing_or_unknown_run(tmp_path, extra, needle):
-    r = _run(tmp_path, flashfleet_runs_dir=str(tmp_path / "runs"), **extra)
+def test_diagnose_rejects_a_missing_or_unknown_run(tmp_path, run_diagnose, extra, needle):
+    r = run_diagnose(flashfleet_runs_dir=str(tmp_path / "runs"), **extra)
     assert r.rc != 0
     failed = [e["event_data"]["res"]["msg"] for e in r.events if e.get("event") == "runner_on_failed"]
     assert len(failed) == 1 and needle in failed[0] and "known runs: smoke, v2" in failed[0]

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("cuda_compat", ROOT / "roles/cuda_toolkit/filter_plugins/cuda_compat.py")
-cc = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cc)
+from tests.conftest import ROOT, load_file
+
+cc = load_file(ROOT / "roles/cuda_toolkit/filter_plugins/cuda_compat.py")
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ against an in-memory source that honours Range requests: skip, resume, refetch, 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -14,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("flashfleet_stage", ROOT / "roles/dataset/library/flashfleet_stage.py")
-fs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fs)
+from tests.conftest import ROOT, load_file
+
+fs = load_file(ROOT / "roles/dataset/library/flashfleet_stage.py")
 
 
 class MemSource:

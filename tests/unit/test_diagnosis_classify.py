@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT, load_file
+
 FIXTURES = ROOT / "tests" / "fixtures" / "evidence"
 CLASSIFY = ROOT / "roles" / "run_diagnosis" / "files" / "flashfleet_classify.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("flashfleet_classify", CLASSIFY)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(CLASSIFY, "flashfleet_classify")
 
 
 fc = _load()

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
+from tests.conftest import ROOT, load_file
 
-from tests.conftest import ROOT
-
-_spec = importlib.util.spec_from_file_location("flashfleet_classify", ROOT / "roles/run_diagnosis/files/flashfleet_classify.py")
-classify = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(classify)
+classify = load_file(ROOT / "roles/run_diagnosis/files/flashfleet_classify.py")
 
 
 def test_the_earliest_failed_exit_goes_first_whatever_the_row_order():

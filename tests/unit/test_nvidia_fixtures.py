@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT
+
 RUNFILE = ROOT / "tests" / "fixtures" / "nvidia-runfile" / "fixture-runfile.sh"
 MODULES = ROOT / "tests" / "fixtures" / "nvidia-open-modules"
 ROLE_DEFAULTS = ROOT / "roles" / "nvidia_driver" / "defaults" / "main.yml"

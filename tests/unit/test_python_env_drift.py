@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_file
 
-_spec = importlib.util.spec_from_file_location(
-    "python_env_drift", ROOT / "roles/python_env/library/python_env_drift.py")
-drift = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(drift)
+drift = load_file(ROOT / "roles/python_env/library/python_env_drift.py")
 
 
 def test_parse_lock_normalizes_names_and_ignores_comments():

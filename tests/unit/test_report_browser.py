@@ -8,7 +8,6 @@ A copy with one corrupt PNG proves the check can fail.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -17,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT, load_file
+
 pytest.importorskip("matplotlib")
 
-ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "roles" / "run_collect" / "files" / "flashfleet_report.py"
-spec = importlib.util.spec_from_file_location("flashfleet_report_browser", REPORT)
-fr = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fr)
+fr = load_file(REPORT, "flashfleet_report_browser")
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (Debian package `chromium`)")

@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT, load_file
+
 pytest.importorskip("matplotlib")
 
-ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "roles" / "run_collect" / "files" / "flashfleet_report.py"
-spec = importlib.util.spec_from_file_location("flashfleet_report", REPORT)
-fr = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fr)
+fr = load_file(REPORT)
 
 
 def _metrics(n: int, t0: float = 1_764_525_600.0) -> str:

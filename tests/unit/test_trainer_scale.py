@@ -130,29 +130,109 @@ def test_sigterm_stops_all_ranks_at_one_step_and_rank0_saves(trainer_argv, tmp_p
     assert complete_checkpoints(out / "checkpoints")[-1].name == f"step-{st['step']:08d}"
 
 
-def test_two_nodes_rendezvous_on_one_machine(trainer_argv, tmp_path):
-    """Two dflash-train processes, --nnodes 2, one c10d store: one checkpoint stream, on node 0."""
+def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for node in (0, 1):
-        argv = trainer_argv("--max-steps", "2", "--nnodes", "2", "--node-rank", str(node), "--rdzv-endpoint",
-                            f"127.0.0.1:{port}", "--rdzv-timeout", "60", out=tmp_path / f"node{node}")
-        procs.append(subprocess.Popen([sys.executable, "-m", "flashfleet_trainer.cli", *argv],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        return s.getsockname()[1]
+
+
+def _node(trainer_argv, tmp_path, node, port, *extra, name=None):
+    """One node of a 2-node run on this machine, in a process group of its own (a unit's cgroup)."""
+    argv = trainer_argv("--nnodes", "2", "--node-rank", str(node), "--rdzv-endpoint", f"127.0.0.1:{port}",
+                        "--rdzv-timeout", "60", *extra, out=tmp_path / f"node{node}")
+    log = open(tmp_path / f"{name or f'node{node}'}.log", "w+")  # noqa: SIM115 (read back after exit)
+    return subprocess.Popen([sys.executable, "-m", "flashfleet_trainer.cli", *argv], stdout=log,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True), log
+
+
+def _log(node):
+    proc, log = node
+    log.seek(0)
+    return log.read()
+
+
+def _end(*nodes):
+    for proc, log in nodes:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def _wait_step(out, step, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if json.loads((out / "status.json").read_text()).get("step", 0) >= step:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{out} did not reach step {step} in {timeout}s")
+
+
+def _error_line(text):
+    return [x for x in text.splitlines() if x.startswith("flashfleet-train: error:")]
+
+
+def test_two_nodes_rendezvous_on_one_machine(trainer_argv, tmp_path):
+    """Two dflash-train processes, --nnodes 2, one c10d store: one checkpoint stream, on node 0."""
+    port = _free_port()
+    nodes = [_node(trainer_argv, tmp_path, n, port, "--max-steps", "2") for n in (0, 1)]
     try:
-        rcs = [p.wait(120) for p in procs]
+        rcs = [proc.wait(120) for proc, _ in nodes]
+        logs = [_log(n) for n in nodes]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    logs = [p.stdout.read() for p in procs]
+        _end(*nodes)
     assert rcs == [0, 0], logs
     assert "all 2 nodes joined" in logs[1]
     assert [r["step"] for r in _metrics(tmp_path / "node0")] == [1, 2]
     assert not (tmp_path / "node1" / "checkpoints").exists() and not (tmp_path / "node1" / "metrics.jsonl").exists()
+
+
+def test_a_killed_node_takes_the_run_down_and_is_named_first(trainer_argv, tmp_path):
+    """SIGKILL to every process of node 1 (what `systemctl kill -s KILL` does to its unit): node 0's
+    collective fails at once; node 0 exits 1 within seconds, not --node-timeout, and names node 1."""
+    port = _free_port()
+    long_run = ("--max-steps", "100000", "--save-interval", "100000", "--node-timeout", "120")
+    nodes = [_node(trainer_argv, tmp_path, n, port, *long_run) for n in (0, 1)]
+    try:
+        _wait_step(tmp_path / "node0", 2)
+        os.killpg(nodes[1][0].pid, signal.SIGKILL)
+        t0 = time.time()
+        rc = nodes[0][0].wait(60)
+        took = time.time() - t0
+        log = _log(nodes[0])
+    finally:
+        _end(*nodes)
+    line = _error_line(log)
+    assert rc == 1 and took < 20 and line, log
+    assert "node 0: drafter rank 0" in line[0] and "node 1 went first: node 1 stopped heartbeating" in line[0], line
+    st = json.loads((tmp_path / "node0" / "status.json").read_text())
+    assert st["phase"] == "failed" and st["last_error"] == line[0].removeprefix("flashfleet-train: error: ")
+
+
+def test_a_restarted_node_does_not_join_the_run_under_way(trainer_argv, tmp_path):
+    """Node 1 hangs (SIGSTOP: its sockets stay open, so no collective fails), and systemd would start
+    it again: the new node 1 must not join the old run; it says so, and node 0 stops on that at
+    once instead of waiting out --node-timeout."""
+    port = _free_port()
+    long_run = ("--max-steps", "100000", "--save-interval", "100000", "--node-timeout", "300")
+    nodes = [_node(trainer_argv, tmp_path, n, port, *long_run) for n in (0, 1)]
+    again = None
+    try:
+        _wait_step(tmp_path / "node0", 2)
+        os.killpg(nodes[1][0].pid, signal.SIGSTOP)
+        again = _node(trainer_argv, tmp_path, 1, port, *long_run, name="node1-again")
+        rcs = (again[0].wait(120), nodes[0][0].wait(30))
+        logs = (_log(again), _log(nodes[0]))
+    finally:
+        if nodes[1][0].poll() is None:
+            os.killpg(nodes[1][0].pid, signal.SIGKILL)
+        _end(*nodes, *([again] if again else []))
+    assert rcs == (1, 1), logs
+    assert "node 1 restarted while the run it belonged to was still under way" in _error_line(logs[0])[0], logs[0]
+    assert "node 1 restarted" in _error_line(logs[1])[0], logs[1]
 
 
 def test_rendezvous_needs_an_endpoint(trainer_argv, capsys):

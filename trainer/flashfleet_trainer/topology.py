@@ -17,7 +17,12 @@ down at once (every child killed, one line naming the worker, its pid and its ex
 rank 0's node records it in status.json). Across nodes the main processes share the c10d
 TCPStore of the rendezvous: each bumps a heartbeat counter every second and watches the others';
 a node whose counter stands still for --node-timeout seconds, or that published a failure under
-the key `failed` (first writer wins, so it names the node that went first), stops every node.
+the key `failed`, stops every node. Which node went first: when one node's drafter dies, the
+collectives of every other node fail within moments too, so a node that sees a local failure
+records when it noticed (`down/<node>`), waits a few seconds for the others' records (a node
+killed outright records nothing, but its heartbeat stops), and names the earliest. A node that
+restarts while the run it belonged to is still under way does not join it: it says so and exits,
+and the units start again together.
 
 Stopping. SIGTERM reaches every process of the unit's cgroup. Drafter ranks agree to stop in the
 step's all-reduce, rank 0 saves, all exit 0; target workers ignore SIGTERM and leave when the
@@ -45,6 +50,10 @@ from .metrics import Status
 from .train import Features, Rank, pad_batch, run_rank
 
 HEARTBEAT_S = 1.0
+# Once something has failed, a peer whose heartbeat stood still this long is taken to be gone,
+# and this is how long a failing node waits for the others' records before naming the first.
+STALL_S = 3 * HEARTBEAT_S
+BLAME_WAIT_S = 2 * STALL_S
 
 
 class TopologyError(RuntimeError):
@@ -168,7 +177,7 @@ class QueueFeed:
 # ---- drafter rank ----------------------------------------------------------------------------
 
 def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, requests, reply_q, events,
-                 stop_event, main_pid, depth, n_procs):
+                 stop_event, main_pid, depth, n_procs, crashed_at):
     """One data-parallel drafter rank in its own process. Exit code: 0, 78 (config), 1 (crash)."""
     _die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: stop_event.set())  # until the Trainer installs its own
@@ -199,6 +208,7 @@ def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, req
         print(e.line(), file=sys.stderr, flush=True)
         code = EX_CONFIG
     except BaseException:
+        crashed_at[local_rank] = time.time()  # before anything else: a peer's collective fails right after
         traceback.print_exc()
         code = 1
     finally:
@@ -231,6 +241,7 @@ class Node:
         self.node = args.node_rank
         self.main = self.node == 0  # global rank 0 lives here: status.json is this node's to write
         self.store = None
+        self.beats = None  # other nodes' heartbeats once all have joined: {node: (count, monotonic, wall)}
         self.children = []  # (role, index, device, rank, process)
 
     # -- rendezvous --
@@ -252,7 +263,13 @@ class Node:
         except Exception as e:
             raise TopologyError(f"node {self.node}: cannot reach the rendezvous store at {a.rdzv_endpoint} within "
                                 f"{a.rdzv_timeout:.0f}s ({str(e).splitlines()[0]})") from e
+        if not self.main and self.store.check(["started"]):
+            why = (f"node {self.node} restarted while the run it belonged to was still under way; the run stops "
+                   f"and every node starts again from the newest checkpoint")
+            self._publish_failure(why)
+            raise TopologyError(why)
         me = {"host": socket.gethostname(), "targets": self.T, "drafters": self.D}
+        self._beat()
         self.store.set(f"join/{self.node}", json.dumps(me))
         keys = [f"join/{i}" for i in range(a.nnodes)]
         self.log(f"node {self.node}/{a.nnodes}: joined the rendezvous at {a.rdzv_endpoint}, waiting for the others")
@@ -269,7 +286,9 @@ class Node:
         self.n_targets_total = sum(n["targets"] for n in nodes)
         self.log(f"node {self.node}: all {a.nnodes} nodes joined ({', '.join(n['host'] for n in nodes)}); "
                  f"{self.n_targets_total} target worker(s), {self.world} drafter rank(s) in all")
-        self.beats = {i: (-1, time.monotonic()) for i in range(a.nnodes) if i != self.node}
+        if self.main:
+            self.store.set("started", "1")
+        self.beats = {i: (None, time.monotonic()) for i in range(a.nnodes) if i != self.node}
         return host, int(port)
 
     # -- spawning --
@@ -277,6 +296,7 @@ class Node:
         a, p = self.args, self.plan
         ctx = mp.get_context("spawn")
         self.requests, self.events, self.stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+        self.crashed_at = ctx.Array("d", self.D)  # when each drafter rank raised (wall clock), for naming the first
         self.replies = [ctx.Queue() for _ in range(self.D)]
         depth = a.queue_depth or max(2, -(-2 * self.T // self.D))
         n_procs = self.T + self.D
@@ -290,7 +310,7 @@ class Node:
             rank = self.node * self.D + j
             proc = ctx.Process(target=drafter_rank, name=f"drafter-{rank}", args=(
                 j, rank, self.world, self.n_targets_total, a, child_plan, store_addr, self.requests, self.replies[j],
-                self.events, self.stop, os.getpid(), depth, n_procs))
+                self.events, self.stop, os.getpid(), depth, n_procs, self.crashed_at))
             proc.start()
             self.children.append(("drafter rank", rank, dev, rank, proc))
         for role, i, dev, _, proc in self.children:
@@ -300,25 +320,78 @@ class Node:
                                         for role, i, dev, _, proc in self.children])
 
     # -- watching --
+    def _beat(self):
+        """A heartbeat is the sender's wall clock: a silent node's last one says when it was last alive."""
+        self.store.set(f"hb/{self.node}", repr(time.time()))
+
+    def _silent_nodes(self, after_s) -> dict[int, float]:
+        """Other nodes whose heartbeat has not changed for after_s seconds (of this node's watching):
+        {node: its last heartbeat's time}. Nodes that said they are done are dropped from the watch."""
+        now, silent = time.monotonic(), {}
+        for i, (seen, since) in list(self.beats.items()):
+            if self.store.check([f"done/{i}"]):
+                del self.beats[i]
+                continue
+            beat = self.store.get(f"hb/{i}").decode()
+            if beat != seen:
+                self.beats[i] = (beat, now)
+            elif now - since > after_s:
+                silent[i] = float(beat)
+        return silent
+
     def heartbeat(self) -> str | None:
         """Beat, and look at the other nodes. Returns a failure message or None."""
         try:
-            self.store.add(f"hb/{self.node}", 1)
+            self._beat()
             if self.store.check(["failed"]):
                 return self.store.get("failed").decode()
-            now = time.monotonic()
-            for i, (seen, since) in list(self.beats.items()):
-                if self.store.check([f"done/{i}"]):
-                    del self.beats[i]
-                    continue
-                beat = self.store.add(f"hb/{i}", 0)
-                if beat != seen:
-                    self.beats[i] = (beat, now)
-                elif now - since > self.args.node_timeout:
-                    return f"node {i} stopped heartbeating {now - since:.0f}s ago (its process or host is gone)"
+            for i, wall in self._silent_nodes(self.args.node_timeout).items():
+                msg = f"node {i} stopped heartbeating {time.time() - wall:.0f}s ago (its process or host is gone)"
+                self._publish_failure(msg)
+                return msg
         except Exception as e:
             return f"node {self.node} lost the rendezvous store at {self.endpoint} ({str(e).splitlines()[0]}): node 0 is gone"
         return None
+
+    def _publish_failure(self, msg):
+        """First writer wins: the key keeps the first node's account."""
+        try:
+            self.store.compare_set("failed", "", msg)
+        except Exception:
+            pass  # the store's host is gone; the others learn it from that
+
+    def _who_went_first(self, msg, at) -> str:
+        """After a local failure at wall time `at` in a multi-node run, name the node that went first.
+
+        Records the failure (down/<node>), then waits up to BLAME_WAIT_S until every other node has
+        either recorded one too or fallen silent for STALL_S (killed outright: no record, and its
+        last heartbeat says when it was last alive). The earliest is named; a node still healthy at
+        the end is not a candidate. Returns this node's message, with the first node's account
+        appended when that is another node, and publishes the first node's account under `failed`.
+        """
+        try:
+            self.store.set(f"down/{self.node}", json.dumps({"at": at, "msg": msg}))
+            deadline = time.monotonic() + BLAME_WAIT_S
+            while True:
+                downs = {i: json.loads(self.store.get(f"down/{i}")) for i in range(self.args.nnodes)
+                         if self.store.check([f"down/{i}"])}
+                silent = {i: t for i, t in self._silent_nodes(STALL_S).items() if i not in downs}
+                if all(i in downs or i in silent for i in self.beats) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        except Exception:
+            return msg  # the store's host is gone: what this node saw is all there is
+        accounts = [(d["at"], i, d["msg"]) for i, d in downs.items()]
+        accounts += [(t, i, f"node {i} stopped heartbeating (its process or host is gone)") for i, t in silent.items()]
+        _, first, first_msg = min(accounts)
+        self._publish_failure(first_msg)
+        try:
+            self.store.set(f"named/{self.node}", str(first))
+            if self.main:  # the store lives in this process: keep it until the failing nodes have named theirs
+                self._wait_for_keys([f"named/{i}" for i in downs], BLAME_WAIT_S)
+        except Exception:
+            pass
+        return msg if first == self.node else f"{msg}; node {first} went first: {first_msg}"
 
     def watch(self) -> int:
         """Until the drafters finish (0), one fails (1 or 78), or another node does (1)."""
@@ -357,7 +430,9 @@ class Node:
                 if role == "drafter rank" and code == EX_CONFIG:
                     return self.fail(f"node {self.node}: drafter rank {i} stopped on a config error (see above)",
                                      EX_CONFIG)
-                return self.fail(f"node {self.node}: {role} {i} (pid {proc.pid}, {dev}) {_describe_exit(code)}")
+                local = i - self.node * self.D if role == "drafter rank" else None
+                return self.fail(f"node {self.node}: {role} {i} (pid {proc.pid}, {dev}) {_describe_exit(code)}",
+                                 at=(self.crashed_at[local] or None) if local is not None else None)
             if not drafters_left:
                 return self.finish()
             if self.store is not None and self.args.nnodes > 1 and time.monotonic() - last_beat >= HEARTBEAT_S:
@@ -382,25 +457,22 @@ class Node:
                 self.log(f"node {self.node}: {role} {i} did not exit; killing pid {proc.pid}")
                 proc.kill()
                 proc.join()
-        if self.main and self.args.nnodes > 1:
-            self._wait_others_done()
+        if self.main and self.args.nnodes > 1:  # the store lives here: keep it until the others are done
+            self._wait_for_keys([f"done/{i}" for i in range(1, self.args.nnodes)], self.args.node_timeout)
         return 0
 
-    def _wait_others_done(self):
-        """Node 0 hosts the store: keep it up until the other nodes have said they are done."""
-        deadline = time.monotonic() + self.args.node_timeout
-        while time.monotonic() < deadline:
-            if all(self.store.check([f"done/{i}"]) for i in range(1, self.args.nnodes)):
-                return
+    def _wait_for_keys(self, keys, timeout_s):
+        """Until every key is in the store, or timeout_s passed (node 0 keeping its store up for others)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not all(self.store.check([k]) for k in keys):
             time.sleep(0.2)
 
-    def fail(self, msg, code=1, publish=True) -> int:
+    def fail(self, msg, code=1, publish=True, at=None) -> int:
+        """End the run on this node. at: when the failure happened, if earlier than now (wall clock)."""
+        at = at or time.time()
         self.kill_all()
-        if publish and self.store is not None and self.args.nnodes > 1:
-            try:  # first writer wins: the key names the node that went first
-                self.store.compare_set("failed", "", msg)
-            except Exception:
-                pass
+        if publish and self.store is not None and self.beats is not None:
+            msg = self._who_went_first(msg, at)
         if self.main:
             Status(self.args.output_dir, keep=True).update(phase="failed", last_error=msg)
         print(f"flashfleet-train: error: {msg}", file=sys.stderr, flush=True)

@@ -227,3 +227,5 @@ def test_running_again_after_a_manual_relaunch_is_not_called_a_restart():
     invocations = fc.split_invocations(ev["journal"]["entries"])
     if len(invocations) > 1:  # recorded on a node where an earlier verify had killed this run
         assert "earlier invocation ended: killed-by-signal" in result["reason"]
+        # and that death keeps its time, for naming the first host of a multi-node run
+        assert result["previous"]["ended_at"] == invocations[-2].exit_ts is not None

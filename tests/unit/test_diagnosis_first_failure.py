@@ -32,3 +32,25 @@ def test_classify_reports_the_units_exit_time():
     result = classify.classify(evidence)
     assert result["ended_at"] == classify.parse_systemd_time("Mon 2026-11-30 18:05:00 UTC")
     assert result["ended_at"] is not None
+
+
+def test_a_restarted_host_counts_with_the_death_before_its_restart():
+    """Both units restarted after the failure (Restart=on-failure): each row is `running` with the
+    death before it; the earlier of those deaths went first."""
+    rows = [
+        {"host": "node-a", "verdict": "running", "ended_at": None,
+         "previous": {"verdict": "crash", "ended_at": 1700000003.2}},
+        {"host": "node-b", "verdict": "running", "ended_at": None,
+         "previous": {"verdict": "killed-by-signal", "ended_at": 1700000000.9}},
+        {"host": "node-c", "verdict": "running", "ended_at": None, "previous": None},
+    ]
+    assert classify.first_failure(rows) == {"host": "node-b", "verdict": "killed-by-signal", "ended_at": 1700000000.9}
+    rows[0]["previous"]["ended_at"] = 1699999999.0
+    assert classify.first_failure(rows)["host"] == "node-a"
+
+
+def test_exit_times_keep_their_microseconds():
+    """Units of one run fail within the same second; `--timestamp=us+utc` keeps them apart."""
+    a = classify.parse_systemd_time("Mon 2026-11-30 21:03:23.120000 UTC")
+    b = classify.parse_systemd_time("Mon 2026-11-30 21:03:23.870000 UTC")
+    assert a is not None and b is not None and abs((b - a) - 0.75) < 1e-6

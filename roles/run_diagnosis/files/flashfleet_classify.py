@@ -147,7 +147,8 @@ def realtime(entry: dict) -> float | None:
 
 
 def parse_systemd_time(value: str | None) -> float | None:
-    """A systemctl show timestamp: `@1701367801.123` (--timestamp=unix) or `Thu 2023-11-30 18:10:01 UTC`."""
+    """A systemctl show timestamp: `Thu 2023-11-30 18:10:01.123456 UTC` (--timestamp=us+utc), `@1701367801`
+    (--timestamp=unix) or `Thu 2023-11-30 18:10:01 UTC`."""
     if not value or value in ("n/a", "0"):
         return None
     value = value.strip()
@@ -513,7 +514,8 @@ def _running(evidence, run, unit, props, status, invocations, props_line, warnin
         earlier = [i for i in invocations if i.id != current_id and (i.exit_code or i.result)]
         if earlier:
             prev = _explain_death(evidence, run, unit, {}, {}, earlier[-1], "", [], current=False)
-            previous = {"verdict": prev.verdict, "reason": prev.reason, "evidence": prev.lines}
+            previous = {"verdict": prev.verdict, "reason": prev.reason, "evidence": prev.lines,
+                        "ended_at": earlier[-1].exit_ts}
             if nrestarts:
                 reason += f"; restarted {nrestarts}x, last death: {prev.verdict} ({prev.reason})"
             else:  # started again by hand (train.yml), not by Restart=
@@ -832,13 +834,20 @@ NOT_FAILURES = {"running", "completed", "not-started", "stopped", "unreachable",
 
 def first_failure(rows: list[dict]) -> dict | None:
     """The host whose run died first, by its unit's exit time: in a multi-node run the others
-    usually fail because that one did (a rendezvous or collective timeout). Host clocks must agree
-    (NTP); None when no host failed with a known exit time."""
-    failed = [r for r in rows if r.get("verdict") not in NOT_FAILURES and r.get("ended_at") is not None]
-    if not failed:
+    usually fail because that one did (a collective or rendezvous error). A host whose unit has
+    already been restarted counts with the death before it. Host clocks must agree (NTP); None
+    when no host failed with a known exit time."""
+    deaths = []
+    for r in rows:
+        prev = r.get("previous") or {}
+        if r.get("verdict") not in NOT_FAILURES and r.get("ended_at") is not None:
+            deaths.append((r["ended_at"], r.get("host"), r.get("verdict")))
+        elif prev.get("verdict") not in NOT_FAILURES and prev.get("ended_at") is not None:
+            deaths.append((prev["ended_at"], r.get("host"), prev.get("verdict")))
+    if not deaths:
         return None
-    first = min(failed, key=lambda r: r["ended_at"])
-    return {"host": first.get("host"), "verdict": first.get("verdict"), "ended_at": first["ended_at"]}
+    ended_at, host, verdict = min(deaths, key=lambda d: d[0])
+    return {"host": host, "verdict": verdict, "ended_at": ended_at}
 
 
 def table(rows: list[dict]) -> str:

@@ -396,7 +396,8 @@ class Host:
 
 def gather_unit(host, unit):
     argv = ["systemctl", "show", unit, "--no-pager", "-p", ",".join(UNIT_PROPERTIES)]
-    rc, out, err = host.run(argv + ["--timestamp=unix"])
+    # Microseconds: the exit times of a multi-node run's units are compared to name the first.
+    rc, out, err = host.run(argv + ["--timestamp=us+utc"])
     if rc != 0:
         rc, out, err = host.run(argv)
     if rc != 0:

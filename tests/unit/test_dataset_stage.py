@@ -279,6 +279,60 @@ def test_source_that_never_matches_fails_naming_the_file(tmp_path):
     assert not (tmp_path / "a.bin").exists()
 
 
+def _recorded_after(res, files, root):
+    """The manifest run_module writes after staging: size, sha256 and the mtime it was hashed at."""
+    return {rel: {"size": len(files[rel]), "sha256": sha, "mtime_ns": fs.mtime_ns(str(root / rel))}
+            for rel, (_a, _n, sha) in res.items()}
+
+
+def test_quick_verify_hashes_only_files_touched_since_their_last_verification(tmp_path, files, monkeypatch):
+    exp = expected_for(files)
+    recorded = _recorded_after(fs.stage(MemSource(files), exp, str(tmp_path), 4, 2)[0], files, tmp_path)
+    hashed = []
+    real_hash = fs.hash_file
+    monkeypatch.setattr(fs, "hash_file", lambda path, limit=None: (hashed.append(os.path.basename(path)),
+                                                                    real_hash(path, limit))[1])
+    res, _ = fs.stage(MemSource(files), exp, str(tmp_path), 4, 2, recorded=recorded)
+    assert counts(res) == {"skipped": len(files)} and hashed == []
+
+    # Rewritten in place (new mtime, same size): quick verify notices and fetches it again.
+    p = tmp_path / "shard-02.bin"
+    p.write_bytes(b"\0" * len(files["shard-02.bin"]))
+    os.utime(p, ns=(recorded["shard-02.bin"]["mtime_ns"] + 10**9,) * 2)
+    res, _ = fs.stage(MemSource(files), exp, str(tmp_path), 4, 2, recorded=recorded)
+    assert res["shard-02.bin"][0] == "refetched" and hashed == ["shard-02.bin"]
+    assert p.read_bytes() == files["shard-02.bin"]
+
+
+def test_full_verify_catches_what_quick_verify_cannot(tmp_path, files):
+    """A flipped byte with the mtime put back (silent corruption) passes quick verify by design;
+    verify=full re-hashes and fetches it again."""
+    exp = expected_for(files)
+    recorded = _recorded_after(fs.stage(MemSource(files), exp, str(tmp_path), 4, 2)[0], files, tmp_path)
+    p = tmp_path / "shard-03.bin"
+    blob = bytearray(p.read_bytes())
+    blob[7] ^= 0xFF
+    p.write_bytes(bytes(blob))
+    os.utime(p, ns=(recorded["shard-03.bin"]["mtime_ns"],) * 2)
+    quick, _ = fs.stage(MemSource(files), exp, str(tmp_path), 4, 2, recorded=recorded)
+    assert quick["shard-03.bin"][0] == "skipped"
+    full, _ = fs.stage(MemSource(files), exp, str(tmp_path), 4, 2)
+    assert full["shard-03.bin"][0] == "refetched" and p.read_bytes() == files["shard-03.bin"]
+
+
+def test_quick_verify_never_trusts_a_record_of_other_content(tmp_path):
+    data = b"payload"
+    (tmp_path / "f").write_bytes(data)
+    rec = {"f": {"size": len(data), "sha256": "a" * 64, "mtime_ns": fs.mtime_ns(str(tmp_path / "f"))}}
+    assert fs.still_verified(str(tmp_path / "f"), rec["f"], "a" * 64)
+    assert not fs.still_verified(str(tmp_path / "f"), rec["f"], "b" * 64)  # the manifest wants other bytes
+    assert not fs.still_verified(str(tmp_path / "f"), rec["f"], None)  # the source changed (no hash known)
+    assert not fs.still_verified(str(tmp_path / "f"), {**rec["f"], "mtime_ns": None}, "a" * 64)  # old record
+    missing, manifest, _ = fs.verify_only({"f": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}},
+                                          str(tmp_path), recorded=rec)
+    assert missing == [] and manifest["f"]["sha256"] == hashlib.sha256(data).hexdigest()  # hashed, not trusted
+
+
 def test_verify_only_deletes_corrupt_and_lists_missing(tmp_path):
     good, bad = b"good data", b"bad data!"
     (tmp_path / "good").write_bytes(good)

@@ -8,7 +8,10 @@ the data never passes through the controller and many files move at once.
 
 Every file is checked against a manifest of sizes and sha256 (given by the caller, or written
 beside the data after the first complete download). A file that is complete and verified is
-skipped, so a second run transfers nothing and reports changed=false. A shorter file or a
+skipped, so a second run transfers nothing and reports changed=false. Re-hashing terabytes on every
+run is what makes people stop running the role, so by default (verify=quick) a file whose size and
+mtime are still those recorded when it was last hashed keeps that verification, as rsync and
+`aws s3 sync` decide; verify=full hashes every file again (silent corruption, a clock set back). A shorter file or a
 ``.part`` file is resumed with a Range request and then verified whole; a file whose hash does not
 match is fetched again. S3 objects uploaded in one part carry their MD5 as ETag, which is checked
 on the first download when no sha256 is known yet.
@@ -45,6 +48,8 @@ description:
   - With I(src) omitted, only verifies I(dest) against I(manifest) (and places, see I(fallback_dest)):
     files that fail are deleted and listed in C(missing), for a caller that copies them (rsync).
   - With I(mode=manifest), only computes the manifest of the local directory I(src).
+  - With I(verify=quick) (default), a file whose size and mtime match the record of its last
+    verification in C(.flashfleet-manifest.json) is not hashed again; I(verify=full) hashes all.
 options:
   src:
     description: C(s3://bucket/prefix), C(https://host/base/), or (mode=manifest) a local directory.
@@ -55,6 +60,11 @@ options:
   fallback_dest:
     description: Where to stage when I(dest)'s file system lacks room.
     type: path
+  verify:
+    description: C(quick) trusts a file's last verification while its size and mtime are unchanged; C(full) re-hashes.
+    type: str
+    choices: [quick, full]
+    default: quick
   fallback_policy:
     type: str
     choices: [warn, fail]
@@ -390,6 +400,26 @@ def check_safetensors_dir(root):
     return errors
 
 
+def mtime_ns(path):
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def still_verified(path, recorded_entry, want_sha):
+    """Quick verify: the file is as it was when its recorded sha256 was computed (same size and
+    mtime) and that sha256 is the one wanted now."""
+    rec = recorded_entry or {}
+    if not want_sha or rec.get("sha256") != want_sha or rec.get("mtime_ns") is None:
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_size == rec.get("size") and st.st_mtime_ns == rec["mtime_ns"]
+
+
 def hash_file(path, limit=None):
     """sha256 and md5 of a file (its first `limit` bytes)."""
     sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
@@ -666,8 +696,9 @@ def _download(source, rel, ent, root, action, offset, attempts):
     raise StageError(f"{rel}: still wrong after {attempts} attempts ({last})")
 
 
-def stage(source, expected, root, concurrency, attempts, check_mode=False):
-    """Bring root to `expected`. Returns (results {rel: (action, bytes, sha)}, seconds of transfer)."""
+def stage(source, expected, root, concurrency, attempts, check_mode=False, recorded=None):
+    """Bring root to `expected`. Returns (results {rel: (action, bytes, sha)}, seconds of transfer).
+    recorded: the manifest of an earlier run, for quick verify (None: hash every present file)."""
     os.makedirs(root, exist_ok=True)
     results = {}
     todo = []
@@ -679,6 +710,8 @@ def stage(source, expected, root, concurrency, attempts, check_mode=False):
         fsize = os.path.getsize(final) if os.path.isfile(final) else None
         psize = os.path.getsize(part) if os.path.isfile(part) else None
         action, offset = plan_file(ent["size"], fsize, psize)
+        if action == "verify" and still_verified(final, (recorded or {}).get(rel), ent.get("sha256")):
+            return rel, "skipped", 0, ent["sha256"]
         if action == "verify":
             sha, md5 = hash_file(final)
             if check_content(ent, sha.hexdigest(), md5.hexdigest()) is None:
@@ -726,16 +759,20 @@ def stage(source, expected, root, concurrency, attempts, check_mode=False):
     return results, seconds
 
 
-def verify_only(expected, root, check_mode=False):
-    """Verify root against expected; delete corrupt files; return (missing, manifest, changed)."""
+def verify_only(expected, root, check_mode=False, recorded=None):
+    """Verify root against expected; delete corrupt files; return (missing, manifest, changed).
+    recorded: as for stage()."""
     missing, manifest, changed = [], {}, False
     for rel in sorted(expected):
         ent = expected[rel]
         p = os.path.join(root, rel)
+        if still_verified(p, (recorded or {}).get(rel), ent.get("sha256")):
+            manifest[rel] = {"size": ent["size"], "sha256": ent["sha256"], "mtime_ns": mtime_ns(p)}
+            continue
         if os.path.isfile(p) and os.path.getsize(p) == ent["size"]:
             sha, md5 = hash_file(p)
             if check_content(ent, sha.hexdigest(), md5.hexdigest()) is None:
-                manifest[rel] = {"size": ent["size"], "sha256": sha.hexdigest()}
+                manifest[rel] = {"size": ent["size"], "sha256": sha.hexdigest(), "mtime_ns": mtime_ns(p)}
                 continue
             if not check_mode:
                 os.unlink(p)
@@ -769,6 +806,7 @@ def run_module():
             check_safetensors=dict(type="bool", default=False),
             host_label=dict(type="str"),
             mode=dict(type="str", choices=["stage", "manifest"], default="stage"),
+            verify=dict(type="str", choices=["quick", "full"], default="quick"),
         ),
         required_together=[["access_key", "secret_key"]],
         supports_check_mode=True,
@@ -840,11 +878,12 @@ def run_module():
 
         recorded = read_recorded(dest)
         expected, errors = merge_expected(listing, given, recorded)
+        trusted = recorded if p["verify"] == "quick" else None
         if errors:
             raise StageError(f"{host}: source {src} disagrees with the manifest: " + "; ".join(errors))
 
         if source is None:
-            missing, manifest, changed = verify_only(expected, dest, module.check_mode)
+            missing, manifest, changed = verify_only(expected, dest, module.check_mode, trusted)
             if not missing and not module.check_mode:
                 os.makedirs(dest, exist_ok=True)
                 changed = write_manifest(dest, "copied", manifest) or changed
@@ -855,7 +894,7 @@ def run_module():
                 module.warn(w)
             module.exit_json(changed=changed, dest=dest, placement=place, missing=missing, manifest=manifest)
 
-        results, seconds = stage(source, expected, dest, p["concurrency"], p["retries"], module.check_mode)
+        results, seconds = stage(source, expected, dest, p["concurrency"], p["retries"], module.check_mode, trusted)
     except StageError as e:
         module.fail_json(msg=str(e))
 
@@ -866,7 +905,8 @@ def run_module():
         moved += nbytes
     changed = any(a != "skipped" for a, _, _ in results.values())
     manifest = {
-        rel: {"size": expected[rel]["size"], "sha256": sha, "etag": expected[rel].get("etag")}
+        rel: {"size": expected[rel]["size"], "sha256": sha, "etag": expected[rel].get("etag"),
+              "mtime_ns": mtime_ns(os.path.join(dest, rel))}
         for rel, (_a, _b, sha) in results.items()
         if sha
     }

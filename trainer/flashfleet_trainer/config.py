@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--mask-token-id", type=int, default=None,
                    help="embedding row used for masked block positions (default: 151669 for the 151,936-row "
                         "Qwen3 vocab, else vocab_size-1)")
+    m.add_argument("--attn-impl", choices=("auto", "dense", "flex"), default="auto",
+                   help="drafter attention: flex (torch flex_attention, compiled, computing only the score tiles "
+                        "the block mask allows), dense (SDPA with the full boolean mask, the reference), or auto "
+                        "(flex on a CUDA drafter, dense on CPU)")
 
     lo = p.add_argument_group("loss")
     lo.add_argument("--use-soft-labels", action="store_true", help="add KL to the target's distribution")

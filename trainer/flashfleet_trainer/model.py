@@ -16,6 +16,13 @@ a Qwen3 decoder layer whose attention is NOT causal: Q from the block, K/V from
 [context ; block] through the same k_proj/v_proj, QK-norm, RoPE at absolute positions. The
 block is [anchor token, MASK x (B-1)] embedded with the target's frozen embedding; outputs go
 through the target's frozen LM head. The drafter owns no embedding or head.
+
+Attention has two implementations of the same mask (`attn_impl`): "dense", the reference, runs
+SDPA with the boolean mask `[rows x (context + rows)]` that `block_attention_inputs` builds (CPU,
+and every CUDA run that asks for it); "flex" runs torch's flex_attention, compiled, with a BlockMask
+that lists only the 128 x 128 tiles a block row can see (its sequence's context before its anchor,
+its own block), so the other ~85% of the score tiles are never computed. "auto" picks flex on
+CUDA, dense elsewhere.
 """
 
 import json
@@ -82,6 +89,37 @@ class DrafterConfig:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
+def _raise_recompile_limit(limit=64):
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(getattr(cfg, name), limit))
+
+
+FUSE_ELEMENTWISE = True  # on CUDA, RMSNorm and RoPE run as torch.compile'd kernels (the same ops)
+_COMPILED = {}
+
+
+def _fused(fn, x):
+    """fn itself, or on CUDA fn compiled with dynamic shapes: the same ops in one or two kernels
+    instead of a memory pass each (RMSNorm keeps its fp32 accumulation and its rounding to the
+    input dtype)."""
+    if not (FUSE_ELEMENTWISE and x.is_cuda):
+        return fn
+    if fn not in _COMPILED:
+        _raise_recompile_limit()  # a graph per dtype, rank and grad mode (training, evaluation)
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
+
+
+def rms_norm(x, weight, eps):
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps=1e-6):
         super().__init__()
@@ -89,10 +127,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return _fused(rms_norm, x)(x, self.weight, self.eps)
 
 
 def rope(positions, head_dim, theta):
@@ -103,11 +138,15 @@ def rope(positions, head_dim, theta):
     return emb.cos(), emb.sin()
 
 
-def apply_rope(x, cos, sin):
-    """x [heads, M, d]."""
+def _apply_rope(x, cos, sin):
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
     rotated = torch.cat([-x2, x1], dim=-1)
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+def apply_rope(x, cos, sin):
+    """x [heads, M, d]."""
+    return _fused(_apply_rope, x)(x, cos, sin)
 
 
 class DraftAttention(nn.Module):
@@ -122,13 +161,16 @@ class DraftAttention(nn.Module):
         self.k_norm = RMSNorm(self.d, c.rms_norm_eps)
 
     def forward(self, x, ctx, rope_q, rope_kv, mask):
-        """x [M, H] block rows; ctx [T, H] context; mask [M, T+M] bool (True = may attend)."""
+        """x [M, H] block rows; ctx [T, H] context; mask: [M, T+M] bool (True = may attend) for the
+        dense path, or a `SparseAttention` for the flex path (the same mask, tile-sparse)."""
         m = x.shape[0]
         kv_in = torch.cat([ctx, x], dim=0)
         q = self.q_norm(self.q_proj(x).view(m, self.nh, self.d)).transpose(0, 1)
         k = self.k_norm(self.k_proj(kv_in).view(-1, self.nkv, self.d)).transpose(0, 1)
         v = self.v_proj(kv_in).view(-1, self.nkv, self.d).transpose(0, 1)
         q, k = apply_rope(q, *rope_q), apply_rope(k, *rope_kv)
+        if isinstance(mask, SparseAttention):
+            return self.o_proj(mask.attend(q, k, v).transpose(0, 1).reshape(m, self.nh * self.d))
         if self.nkv != self.nh:
             k = k.repeat_interleave(self.nh // self.nkv, dim=0)
             v = v.repeat_interleave(self.nh // self.nkv, dim=0)
@@ -207,14 +249,174 @@ def block_attention_inputs(seq, anchor, block_size):
     return ctx_seq, ctx_pos, block_pos, torch.cat([sees_ctx, sees_block], dim=1)
 
 
-def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen=None):
+ATTN_IMPLS = ("auto", "dense", "flex")
+TILE = 128  # flex_attention's sparse block (tile) size, rows and kv alike
+
+
+def flex_available() -> bool:
+    try:
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_attn_impl(impl: str, device) -> str:
+    """auto -> flex on CUDA (when this torch has flex_attention), dense elsewhere."""
+    if impl not in ATTN_IMPLS:
+        raise ValueError(f"attn_impl {impl!r} is not one of {ATTN_IMPLS}")
+    if impl == "auto":
+        return "flex" if torch.device(device).type == "cuda" and flex_available() else "dense"
+    return impl
+
+
+def bucket(n: int) -> int:
+    """The padded length for n rows: the smallest 128 x {1, 2, 3, 4, 6, 8, 12, ...} >= n (at most
+    1.5x n above 256). Padded rows and kv slots cost memory, not compute (their tiles are absent
+    from the BlockMask), and a handful of buckets means a handful of compiled kernels per run."""
+    n = max(int(n), 1)
+    p = TILE
+    while True:
+        if p >= n:
+            return p
+        if p >= 2 * TILE and p * 3 // 2 >= n:
+            return p * 3 // 2
+        p *= 2
+
+
+def block_mask_intervals(seq, anchor, block_size):
+    """The flex layout of a micro-batch: the strict DFlash mask as two kv intervals per row.
+
+    The context is gathered like `block_attention_inputs` does (for each sequence in ascending
+    order, positions 0..last anchor-1), so row r of block j (sequence s, anchor a) sees the kv
+    interval [start_s, start_s + a) of the context (its sequence, positions < a) and the interval
+    of its own block. The block rows start at t_pad, the context length rounded up to a tile,
+    so each block lies inside one kv tile. Computed on the CPU (N entries).
+
+    Returns dict(ctx_seq [T], ctx_pos [T], block_pos [M], lo, hi, blo, bhi [q_len] int32 (padded
+    rows: empty intervals), t, t_pad, m, q_len, kv_len).
+    """
+    seq, anchor = seq.cpu().long(), anchor.cpu().long()
+    n = anchor.shape[0]
+    seqs, inv = torch.unique(seq, return_inverse=True)
+    upto = torch.zeros(len(seqs), dtype=torch.long).scatter_reduce(0, inv, anchor, "amax", include_self=False)
+    start = torch.cumsum(upto, 0) - upto
+    t = int(upto.sum())
+    ctx_seq = torch.repeat_interleave(seqs, upto)
+    ctx_pos = torch.arange(t) - torch.repeat_interleave(start, upto)
+    m = n * block_size
+    t_pad = -(-t // TILE) * TILE
+    q_len, kv_len = bucket(m), bucket(t_pad + m)
+    row_block = torch.arange(n).repeat_interleave(block_size)
+    block_pos = anchor[row_block] + torch.arange(block_size).repeat(n)
+    lo, hi, blo, bhi = (torch.zeros(q_len, dtype=torch.int32) for _ in range(4))
+    lo[:m] = start[inv][row_block].int()
+    hi[:m] = (start[inv] + anchor)[row_block].int()
+    blo[:m] = (t_pad + row_block * block_size).int()
+    bhi[:m] = blo[:m] + block_size
+    return dict(ctx_seq=ctx_seq, ctx_pos=ctx_pos, block_pos=block_pos, lo=lo, hi=hi, blo=blo, bhi=bhi, t=t,
+                t_pad=t_pad, m=m, q_len=q_len, kv_len=kv_len)
+
+
+def interval_mask_mod(lo, hi, blo, bhi):
+    """flex_attention's mask_mod: kv inside the row's context interval or its own block's."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return ((kv_idx >= lo[q_idx]) & (kv_idx < hi[q_idx])) | ((kv_idx >= blo[q_idx]) & (kv_idx < bhi[q_idx]))
+
+    return mask_mod
+
+
+def _ordered(tiles):
+    """[Qb, Kb] bool -> (count [1, 1, Qb], indices [1, 1, Qb, Kb]) int32, listed tiles first."""
+    num = tiles.sum(-1, dtype=torch.int32)
+    idx = torch.argsort(tiles.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+    return num[None, None].contiguous(), idx[None, None].contiguous()
+
+
+def interval_block_mask(lo, hi, blo, bhi, q_len, kv_len):
+    """The BlockMask of the interval mask, classified per 128 x 128 tile without a dense mask:
+    a tile is full when every row of it covers the whole tile with one interval, partial (mask_mod
+    applied) when some row touches it, absent otherwise. Work is O(q_len x kv_len / 128)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    ks = torch.arange(0, kv_len, TILE, device=lo.device, dtype=torch.int32)[None, :]
+    ke = ks + TILE
+    lo2, hi2, blo2, bhi2 = lo[:, None], hi[:, None], blo[:, None], bhi[:, None]
+    touch = ((lo2 < ke) & (hi2 > ks) & (hi2 > lo2)) | ((blo2 < ke) & (bhi2 > ks) & (bhi2 > blo2))
+    cover = ((lo2 <= ks) & (hi2 >= ke)) | ((blo2 <= ks) & (bhi2 >= ke))
+    qb, kb = q_len // TILE, kv_len // TILE
+    full = cover.view(qb, TILE, kb).all(1)
+    partial = touch.view(qb, TILE, kb).any(1) & ~full
+    kv_num, kv_idx = _ordered(partial)
+    full_num, full_idx = _ordered(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=TILE,
+                                    mask_mod=interval_mask_mod(lo, hi, blo, bhi),
+                                    seq_lengths=(q_len, kv_len))
+
+
+_FLEX = {}
+
+
+def _flex_fn(device_type: str):
+    """flex_attention compiled with static shapes on CUDA (one kernel per (q_len, kv_len) bucket);
+    on CPU torch's unfused reference (a test path: it materializes the scores)."""
+    if device_type not in _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        if device_type == "cuda":
+            _raise_recompile_limit()  # one entry per (q_len, kv_len) bucket pair
+            _FLEX[device_type] = torch.compile(flex_attention, dynamic=False)
+        else:
+            _FLEX[device_type] = flex_attention
+    return _FLEX[device_type]
+
+
+class SparseAttention:
+    """The flex path's attention for one micro-batch (shared by every draft layer): the BlockMask
+    and the padded layout (context at kv [0, t), block rows at kv [t_pad, t_pad + m), rows padded
+    to q_len, kv to kv_len)."""
+
+    def __init__(self, layout, device):
+        self.t, self.t_pad, self.m = layout["t"], layout["t_pad"], layout["m"]
+        self.q_len, self.kv_len = layout["q_len"], layout["kv_len"]
+        lo, hi, blo, bhi = (layout[k].to(device, non_blocking=True) for k in ("lo", "hi", "blo", "bhi"))
+        self.block_mask = interval_block_mask(lo, hi, blo, bhi, self.q_len, self.kv_len)
+        self.device_type = torch.device(device).type
+
+    def attend(self, q, k, v):
+        """q [nh, M, d], k/v [nkv, T+M, d] (rotated) -> o [nh, M, d]. GQA without copies."""
+        dt = v.dtype  # SDPA under autocast runs in the autocast dtype, which v_proj's output has
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
+        q = F.pad(q, (0, 0, 0, self.q_len - self.m))
+
+        def place(x):
+            z = x.new_zeros
+            nkv, _, d = x.shape
+            return torch.cat([x[:, :self.t], z(nkv, self.t_pad - self.t, d), x[:, self.t:],
+                              z(nkv, self.kv_len - self.t_pad - self.m, d)], dim=1)
+
+        k, v = place(k), place(v)
+        with torch.autocast(self.device_type, enabled=False):
+            o = _flex_fn(self.device_type)(q[None], k[None], v[None], block_mask=self.block_mask,
+                                           enable_gqa=q.shape[0] != k.shape[0])
+        return o[0, :, : self.m]
+
+
+def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen=None, attn_impl="dense"):
     """Run the drafter on all blocks of a micro-batch. features [S, T, n*H] (right-padded per
     sequence). Noise is added to the gathered context, scaled by each token's feature RMS so the
-    scale means the same at any width. Returns the student hidden [N, B, H]."""
+    scale means the same at any width. attn_impl: dense (the reference), flex or auto (flex on
+    CUDA). Returns the student hidden [N, B, H]."""
     n, b = blocks.input_ids.shape
     dev = features.device
-    seq, anchor = blocks.seq.to(dev), blocks.anchor.to(dev)
-    ctx_seq, ctx_pos, block_pos, mask = block_attention_inputs(seq, anchor, b)
+    if resolve_attn_impl(attn_impl, dev) == "flex":
+        layout = block_mask_intervals(blocks.seq, blocks.anchor, b)
+        ctx_seq, ctx_pos, block_pos = (layout[k].to(dev, non_blocking=True) for k in ("ctx_seq", "ctx_pos", "block_pos"))
+        mask = SparseAttention(layout, dev)
+    else:
+        seq, anchor = blocks.seq.to(dev), blocks.anchor.to(dev)
+        ctx_seq, ctx_pos, block_pos, mask = block_attention_inputs(seq, anchor, b)
     ctx = features[ctx_seq, ctx_pos]
     if noise_scale > 0:
         rms = ctx.float().pow(2).mean(-1, keepdim=True).sqrt()

@@ -40,7 +40,9 @@ from .model import (
     default_mask_token_id,
     default_target_layers,
     drafter_hidden,
+    flex_available,
     load_frozen_io,
+    resolve_attn_impl,
 )
 
 
@@ -177,6 +179,14 @@ def preflight(args) -> Plan:
     except ImportError as e:
         raise ConfigError(f"--loss-impl triton but flashfleet_kernels is not importable ({e})",
                           "install the kernels package or use --loss-impl auto") from e
+    attn = getattr(args, "attn_impl", "auto")
+    if attn == "flex" and "cpu" in drafter_devices:
+        raise ConfigError("--attn-impl flex on a CPU drafter: torch's flex_attention has no backward on CPU",
+                          "use --attn-impl auto or dense with --drafter-gpus cpu")
+    if attn == "flex" and not flex_available():
+        raise ConfigError(f"--attn-impl flex but torch {torch.__version__} has no flex_attention",
+                          "use --attn-impl auto or dense, or a torch with torch.nn.attention.flex_attention")
+    summary.append(f"drafter attention: {resolve_attn_impl(attn, drafter_devices[0])} (--attn-impl {attn})")
 
     out = Path(args.output_dir)
     probe = out  # the nearest existing ancestor decides whether the run can create its directory
@@ -216,6 +226,17 @@ def _sync(devices):
     for d in set(devices):
         if str(d).startswith("cuda"):
             torch.cuda.synchronize(d)
+
+
+def load_optimizer_state(opt, saved: dict) -> None:
+    """Load a saved optimizer state, keeping this optimizer's update kernel (fused on CUDA, foreach
+    on CPU) rather than the saver's: load_state_dict would take the saved groups' flags, and
+    the step counters' placement follows them."""
+    for g_saved, g_now in zip(saved["param_groups"], opt.param_groups, strict=True):
+        for k in ("fused", "foreach", "capturable"):
+            if k in g_now:
+                g_saved[k] = g_now[k]
+    opt.load_state_dict(saved)
 
 
 def micro_batch_generator(seed: int, epoch: int, index: int) -> torch.Generator:
@@ -376,8 +397,10 @@ class Trainer:
         self.dcfg = p.drafter_config
         torch.manual_seed(a.seed)  # the same initial drafter on every rank and in every topology
         self.drafter = DFlashDrafter(self.dcfg).to(self.dev)  # fp32 master weights
+        # fused: one kernel for the whole update on CUDA (the same AdamW); the CPU keeps foreach
         self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=a.lr, weight_decay=a.weight_decay,
-                                     betas=(0.9, 0.95), eps=1e-8)
+                                     betas=(0.9, 0.95), eps=1e-8, fused=self.dev.startswith("cuda") or None)
+        self.attn_impl = resolve_attn_impl(getattr(a, "attn_impl", "auto"), self.dev)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, a.warmup_ratio))
         self.loss_fn, self.loss_impl = get_loss_fn(a.loss_impl)
         self.resume()
@@ -386,7 +409,7 @@ class Trainer:
         n_params = sum(q.numel() for q in self.drafter.parameters())
         self.log(f"drafter: {n_params / 1e6:.2f}M trainable params, {self.dcfg.num_hidden_layers} layers, block "
                  f"{a.block_size}; {len(self.data)} sequences, {self.batches_per_epoch} micro-batches/epoch, "
-                 f"{self.total_steps} steps; loss impl {self.loss_impl}; rank {self.r.rank}/{self.r.world} on "
+                 f"{self.total_steps} steps; loss impl {self.loss_impl}; attention {self.attn_impl}; rank {self.r.rank}/{self.r.world} on "
                  f"{self.dev}; starting at step {self.step}")
 
     def _mine(self, it):
@@ -418,7 +441,7 @@ class Trainer:
             raise ConfigError(f"checkpoint {path} has a different drafter ({', '.join(diff)} differ)",
                               "use a new --output-dir or --resume never")
         self.drafter.load_state_dict(weights)
-        self.opt.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.opt, state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
@@ -443,7 +466,8 @@ class Trainer:
             return out  # nothing supervised in this micro-batch
         blocks = build_blocks(list(seqs), list(masks), anchors, a.block_size, self.dcfg.mask_token_id)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dev.startswith("cuda")):
-            student = drafter_hidden(self.drafter, self.embed_weight, f.feats, blocks, noise, gen)
+            student = drafter_hidden(self.drafter, self.embed_weight, f.feats, blocks, noise, gen,
+                                     attn_impl=self.attn_impl)
             teacher = None
             if a.use_soft_labels:
                 tpos = torch.minimum(blocks.teacher_pos, (f.lengths[blocks.seq] - 1)[:, None])

@@ -1,0 +1,194 @@
+"""The flex attention path's mask, BlockMask and output against the dense reference (CPU).
+
+The flex path must compute exactly the strict DFlash mask of `block_attention_inputs`: its
+mask_mod is evaluated densely here on random micro-batches, and the BlockMask's tile lists are
+checked against that dense predicate. flex_attention's forward runs on CPU (torch's unfused
+reference), so the drafter's output is compared too; its backward is CUDA-only
+(test_trainer_attention_cuda.py).
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from flashfleet_trainer.config import ConfigError, parse_args
+from flashfleet_trainer.data import build_blocks
+from flashfleet_trainer.model import (
+    TILE,
+    DFlashDrafter,
+    DrafterConfig,
+    block_attention_inputs,
+    block_mask_intervals,
+    bucket,
+    drafter_hidden,
+    flex_available,
+    interval_block_mask,
+    interval_mask_mod,
+    resolve_attn_impl,
+)
+
+needs_flex = pytest.mark.skipif(not flex_available(), reason="this torch has no torch.nn.attention.flex_attention")
+
+
+def _random_micro_batch(rng, block_size):
+    """(seq [N], anchor [N]) like sample_anchors + build_blocks give: per sequence, sorted distinct
+    anchors; some sequences have none; sequence lengths from a few tokens to several tiles."""
+    n_seqs = int(rng.integers(1, 5))
+    seq, anchor = [], []
+    for s in range(n_seqs):
+        length = int(rng.integers(3, 700))
+        if rng.random() < 0.2 and s > 0:
+            continue  # a sequence without anchors gathers no context
+        k = int(rng.integers(1, min(60, length - 2) + 1))
+        picks = np.sort(rng.choice(np.arange(0, length - 1), size=k, replace=False))
+        seq += [s] * k
+        anchor += picks.tolist()
+    return torch.tensor(seq), torch.tensor(anchor)
+
+
+def _dense_predicate(layout):
+    """The flex mask_mod evaluated on every (row, kv) pair of the padded problem."""
+    mm = interval_mask_mod(layout["lo"], layout["hi"], layout["blo"], layout["bhi"])
+    q = torch.arange(layout["q_len"])[:, None]
+    kv = torch.arange(layout["kv_len"])[None, :]
+    return mm(0, 0, q, kv)
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 16])
+def test_flex_mask_equals_the_dense_mask_on_random_micro_batches(block_size):
+    rng = np.random.default_rng(block_size)
+    for _ in range(25):
+        seq, anchor = _random_micro_batch(rng, block_size)
+        ctx_seq, ctx_pos, block_pos, mask = block_attention_inputs(seq, anchor, block_size)
+        lay = block_mask_intervals(seq, anchor, block_size)
+        assert torch.equal(lay["ctx_seq"], ctx_seq) and torch.equal(lay["ctx_pos"], ctx_pos)
+        assert torch.equal(lay["block_pos"], block_pos)
+        t, t_pad, m = lay["t"], lay["t_pad"], lay["m"]
+        assert t == ctx_seq.shape[0] and m == seq.shape[0] * block_size
+        assert t_pad % TILE == 0 and t <= t_pad < t + TILE
+        assert lay["q_len"] >= m and lay["kv_len"] >= t_pad + m
+        # the dense mask, laid out the way the flex path pads: context at [0, t), blocks at [t_pad, t_pad + m)
+        want = torch.zeros(lay["q_len"], lay["kv_len"], dtype=torch.bool)
+        want[:m, :t] = mask[:, :t]
+        want[:m, t_pad:t_pad + m] = mask[:, t:]
+        assert torch.equal(_dense_predicate(lay), want)
+
+
+@needs_flex
+def test_block_mask_lists_exactly_the_tiles_the_mask_touches():
+    rng = np.random.default_rng(7)
+    saw_full = False
+    # plus edges: a row tile whose lowest anchor ends one short of a kv tile (that tile is partial),
+    # and one whose anchors all end exactly on a tile boundary (full)
+    edges = [(torch.zeros(8, dtype=torch.long), torch.tensor([255, 300, 310, 320, 330, 340, 350, 360])),
+             (torch.zeros(8, dtype=torch.long), torch.tensor([256, 384, 400, 410, 420, 430, 440, 450]))]
+    for trial in range(17):
+        seq, anchor = edges[trial] if trial < len(edges) else _random_micro_batch(rng, 16)
+        lay = block_mask_intervals(seq, anchor, 16)
+        bm = interval_block_mask(lay["lo"], lay["hi"], lay["blo"], lay["bhi"], lay["q_len"], lay["kv_len"])
+        dense = _dense_predicate(lay)
+        qb, kb = lay["q_len"] // TILE, lay["kv_len"] // TILE
+        tiles = dense.view(qb, TILE, kb, TILE)
+        touched, covered = tiles.any(3).any(1), tiles.all(3).all(1)
+        listed = torch.zeros(qb, kb, dtype=torch.bool)
+        full = torch.zeros(qb, kb, dtype=torch.bool)
+        for i in range(qb):
+            listed[i, bm.kv_indices[0, 0, i, : bm.kv_num_blocks[0, 0, i]].long()] = True
+            full[i, bm.full_kv_indices[0, 0, i, : bm.full_kv_num_blocks[0, 0, i]].long()] = True
+        assert not (listed & full).any()  # a tile is partial or full, not both
+        assert torch.equal(listed | full, touched)  # no allowed pair is skipped, no empty tile is computed
+        assert not (full & ~covered).any()  # mask_mod may be skipped only where every pair is allowed
+        saw_full |= bool(full.any())
+    assert saw_full  # long contexts give whole tiles below every anchor of a row tile
+
+
+@needs_flex
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_forward_matches_dense_on_cpu():
+    cfg = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=8, num_hidden_layers=2, target_layer_ids=[0, 1], block_size=4, mask_token_id=3,
+                        vocab_size=50)
+    torch.manual_seed(0)
+    drafter, embed = DFlashDrafter(cfg).eval(), torch.randn(50, 32)
+    rng = np.random.default_rng(1)
+    xs = [rng.integers(0, 50, size=n) for n in (90, 200, 60)]
+    anchors = [np.sort(rng.choice(np.arange(1, len(x) - 1), size=12, replace=False)) for x in xs]
+    blocks = build_blocks(xs, [np.ones(len(x)) for x in xs], anchors, 4, 3)
+    feats = torch.randn(3, 200, 64)
+    with torch.no_grad():
+        dense = drafter_hidden(drafter, embed, feats, blocks, attn_impl="dense")
+        try:
+            flex = drafter_hidden(drafter, embed, feats, blocks, attn_impl="flex")
+        except (NotImplementedError, RuntimeError) as e:  # pragma: no cover - depends on the torch build
+            pytest.skip(f"flex_attention does not run on CPU in torch {torch.__version__}: {e}")
+    assert flex.shape == dense.shape
+    assert torch.allclose(flex, dense, atol=1e-5, rtol=1e-5)
+    # and it is the strict mask: a feature at an anchor of sequence 1 changes nothing for blocks there
+    later = feats.clone()
+    later[1, int(anchors[1][-1]):] += 5.0
+    with torch.no_grad():
+        again = drafter_hidden(drafter, embed, later, blocks, attn_impl="flex")
+    assert torch.allclose(again, flex, atol=1e-6)
+
+
+def test_bucket_pads_little_and_to_whole_tiles():
+    seen = set()
+    for n in range(1, 40_000, 37):
+        b = bucket(n)
+        assert b >= n and b % TILE == 0
+        assert n <= 2 * TILE or b <= 1.5 * n
+        seen.add(b)
+    assert len(seen) < 30  # a few compiled shapes for a whole range of micro-batch sizes
+
+
+def test_attn_impl_choice_and_flag():
+    assert resolve_attn_impl("auto", "cpu") == "dense"
+    assert resolve_attn_impl("dense", "cuda:0") == "dense"
+    assert resolve_attn_impl("auto", "cuda:0") == ("flex" if flex_available() else "dense")
+    with pytest.raises(ValueError):
+        resolve_attn_impl("sparse", "cpu")
+    base = ["--target-model", "m", "--data-dir", "d", "--output-dir", "o"]
+    assert parse_args(base).attn_impl == "auto"
+    assert parse_args([*base, "--attn-impl", "dense"]).attn_impl == "dense"
+
+
+def test_flex_on_a_cpu_drafter_is_a_config_error(trainer_argv):
+    from flashfleet_trainer.train import preflight
+
+    args = parse_args(trainer_argv("--attn-impl", "flex"))
+    with pytest.raises(ConfigError, match="no backward on CPU"):
+        preflight(args)
+    args = parse_args(trainer_argv("--attn-impl", "auto"))
+    assert any("drafter attention: dense" in line for line in preflight(args).summary)
+
+
+@pytest.mark.parametrize("saver_fused,loader_fused", [(True, None), (None, True)])
+def test_optimizer_state_resumes_across_fused_and_foreach(saver_fused, loader_fused):
+    """A CUDA run's fused AdamW state resumes on a foreach optimizer and back (on CPU, where torch
+    has both), keeping the loader's kernel, and continues exactly like an uninterrupted run."""
+    from flashfleet_trainer.train import load_optimizer_state
+
+    def make(fused):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(64, 8))
+        return w, torch.optim.AdamW([w], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.01, fused=fused)
+
+    def step(w, opt, i):
+        opt.zero_grad()
+        (w.sin() * (i + 1)).sum().backward()
+        opt.step()
+
+    w_a, opt_a = make(saver_fused)
+    for i in range(3):
+        step(w_a, opt_a, i)
+    saved = copy.deepcopy(opt_a.state_dict())  # as read back from a checkpoint: no shared tensors
+    w_b, opt_b = make(loader_fused)
+    with torch.no_grad():
+        w_b.copy_(w_a)
+    load_optimizer_state(opt_b, saved)
+    assert opt_b.param_groups[0]["fused"] == loader_fused
+    for i in range(3, 5):
+        step(w_a, opt_a, i)
+        step(w_b, opt_b, i)
+    assert torch.allclose(w_a, w_b, atol=1e-6)

@@ -1,0 +1,196 @@
+"""Drafter-only step throughput at a real shape, without a target (random features), for comparing
+attention implementations and optimizer settings on one GPU.
+
+    python -m flashfleet_trainer.bench_drafter --shape qwen3-8b --attn-impl flex [--profile 3 --trace t.json]
+
+One step = what `Trainer.micro_batch` does for one micro-batch (anchors, blocks, drafter forward
+under bf16 autocast, soft-label loss, backward), then grad clipping and the AdamW update. Anchors
+are re-drawn every step, so the context length changes from step to step as in training. Prints
+drafter rows/s (forward + backward, the trainer's `drafter_rows_per_s`), rows/s of the whole step,
+peak memory, and how many graphs torch.compile built (the flex path should build one per shape
+bucket, not one per step). `--profile N` adds a table of GPU time by kind over N more steps.
+"""
+
+import argparse
+import json
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from .data import build_blocks, sample_anchors
+from .loss import drafter_loss, get_loss_fn
+from .model import DFlashDrafter, DrafterConfig, default_target_layers, drafter_hidden, resolve_attn_impl
+from .shapes import SHAPES
+
+
+def compiled_graphs() -> int:
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return -1
+    return int(counters["stats"]["unique_graphs"])
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.dev = "cuda" if torch.cuda.is_available() else "cpu"
+        shape = dict(SHAPES[a.shape])
+        tcfg = SimpleNamespace(vocab_size=a.vocab, rms_norm_eps=1e-6, rope_parameters={"rope_theta": 1e6}, **shape)
+        layers = default_target_layers(shape["num_hidden_layers"], a.layers)
+        self.cfg = DrafterConfig.from_target(tcfg, num_draft_layers=a.layers, target_layer_ids=layers,
+                                             block_size=a.block_size, mask_token_id=a.vocab - 1)
+        torch.manual_seed(0)
+        self.drafter = DFlashDrafter(self.cfg).to(self.dev)
+        fused = {"auto": self.dev == "cuda", "on": True, "off": False}[a.fused_adamw]
+        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=1e-4, weight_decay=0.01, betas=(0.9, 0.95),
+                                     eps=1e-8, fused=fused or None)
+        dt = torch.bfloat16 if self.dev == "cuda" else torch.float32
+        h, n = self.cfg.hidden_size, len(layers)
+        g = torch.Generator(device=self.dev).manual_seed(0)
+        self.embed = (torch.randn(a.vocab, h, device=self.dev, generator=g) * 0.02).to(dt)
+        self.head = (torch.randn(a.vocab, h, device=self.dev, generator=g) * 0.02).to(dt)
+        self.feats = torch.randn(a.seqs, a.seq_len, n * h, device=self.dev, generator=g).to(dt)
+        self.last = torch.randn(a.seqs, a.seq_len, h, device=self.dev, generator=g).to(dt)
+        rng = np.random.default_rng(0)
+        self.tokens = [rng.integers(0, a.vocab - 1, size=a.seq_len) for _ in range(a.seqs)]
+        self.masks = [np.ones(a.seq_len, dtype=np.int64) for _ in range(a.seqs)]
+        self.loss_fn, self.loss_impl = get_loss_fn(a.loss_impl)
+        self.attn_impl = resolve_attn_impl(a.attn_impl, self.dev)
+
+    def sync(self):
+        if self.dev == "cuda":
+            torch.cuda.synchronize()
+
+    def step(self, i, region=None):
+        """One micro-batch + optimizer step; returns (rows, drafter seconds, step seconds)."""
+        a = self.a
+        region = region or (lambda name: torch.autograd.profiler.record_function(name))
+        self.sync()
+        t0 = time.perf_counter()
+        gen = torch.Generator().manual_seed(1000 + i)
+        anchors = sample_anchors(self.masks, a.anchors, gen)
+        blocks = build_blocks(self.tokens, self.masks, anchors, a.block_size, self.cfg.mask_token_id)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dev == "cuda"):
+            with region("drafter_forward"):
+                student = drafter_hidden(self.drafter, self.embed, self.feats, blocks, 0.0, gen,
+                                         attn_impl=self.attn_impl)
+            with region("loss"):
+                tpos = torch.minimum(blocks.teacher_pos, torch.tensor(a.seq_len - 1))
+                teacher = self.last[blocks.seq.to(self.dev)[:, None], tpos.to(self.dev)]
+                loss, _ = drafter_loss(student, teacher, self.head, blocks.labels.to(self.dev), loss_fn=self.loss_fn,
+                                       weighting="streak", use_soft_labels=True, kl_temperature=1.0, kl_weight=0.5)
+        with region("backward"):
+            loss.backward()
+        self.sync()
+        t1 = time.perf_counter()
+        with region("optimizer"):
+            torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        self.sync()
+        return blocks.input_ids.numel(), t1 - t0, time.perf_counter() - t0
+
+    def run(self):
+        a = self.a
+        for i in range(a.warmup):
+            self.step(i)
+        graphs_after_warmup = compiled_graphs()
+        if self.dev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        res = [self.step(a.warmup + i) for i in range(a.steps)]
+        rows = sum(r[0] for r in res)
+        from . import model
+
+        out = {"attn_impl": self.attn_impl, "fused_elementwise": model.FUSE_ELEMENTWISE, "fused_adamw": bool(self.opt.param_groups[0].get("fused")),
+               "loss_impl": self.loss_impl, "steps": a.steps, "rows_per_step": rows / a.steps,
+               "drafter_rows_per_s": rows / sum(r[1] for r in res), "step_rows_per_s": rows / sum(r[2] for r in res),
+               "drafter_ms": 1e3 * sum(r[1] for r in res) / a.steps, "step_ms": 1e3 * sum(r[2] for r in res) / a.steps,
+               "graphs_after_warmup": graphs_after_warmup, "graphs_after_steps": compiled_graphs(),
+               "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if self.dev == "cuda" else None}
+        print(json.dumps(out), flush=True)
+        if a.profile:
+            self.profile(a.profile)
+        return out
+
+    def profile(self, n):
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.dev == "cuda" else [])
+        with profile(activities=acts) as prof:
+            for i in range(n):
+                self.step(10_000 + i, region=record_function)
+        path = self.a.trace or "/tmp/bench_drafter_trace.json"
+        prof.export_chrome_trace(path)
+        print(share_table(path), flush=True)
+
+
+REGIONS = ("drafter_forward", "loss", "optimizer")  # backward kernels run on autograd's thread, outside them
+KINDS = (  # (kind, substrings of the kernel name, lower case); first match wins
+    ("optimizer (clip + AdamW)", ("adam", "multi_tensor_apply")),
+    ("attention", ("flex_attention", "fmha", "flash", "attention", "sdpa", "cudnn")),
+    ("GEMM", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "splitk", "sm90_", "sm80_", "s16816", "wgmma")),
+)
+
+
+def share_table(trace_path) -> str:
+    """GPU kernel time by region (record_function ranges on the GPU timeline) and kind (kernel name)."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+    spans = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "gpu_user_annotation"]
+    total = sum(k["dur"] for k in kernels) or 1.0
+    by, names = {}, {}
+    for k in kernels:
+        region = next((n for s, t, n in spans if n in REGIONS and s <= k["ts"] < t), "backward")
+        low = k["name"].lower()
+        kind = next((kd for kd, subs in KINDS if any(x in low for x in subs)), "elementwise/other")
+        if region == "loss":
+            kind = "loss (logits GEMMs + row kernel)"
+        elif region == "optimizer":
+            kind = "optimizer (clip + AdamW)"
+        key = (kind, region)
+        by[key] = by.get(key, 0.0) + k["dur"]
+        names[k["name"][:90]] = names.get(k["name"][:90], 0.0) + k["dur"]
+    lines = [f"GPU kernel time {total / 1e3:.1f} ms over the profiled steps", "| share | kind | region |", "|---:|---|---|"]
+    for (kind, region), us in sorted(by.items(), key=lambda x: -x[1]):
+        lines.append(f"| {100 * us / total:.1f}% | {kind} | {region} |")
+    kinds = {}
+    for (kind, _), us in by.items():
+        kinds[kind] = kinds.get(kind, 0.0) + us
+    lines += ["", "| share | kind |", "|---:|---|"]
+    lines += [f"| {100 * us / total:.1f}% | {kind} |" for kind, us in sorted(kinds.items(), key=lambda x: -x[1])]
+    lines += ["", "top kernels:"]
+    lines += [f"  {100 * us / total:5.1f}%  {name}" for name, us in sorted(names.items(), key=lambda x: -x[1])[:25]]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    p.add_argument("--layers", type=int, default=5, help="draft layers")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--seqs", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--anchors", type=int, default=512, help="anchors per micro-batch (rows = anchors x block)")
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--attn-impl", choices=("auto", "dense", "flex"), default="auto")
+    p.add_argument("--fused-adamw", choices=("auto", "on", "off"), default="auto", help="auto: fused on CUDA")
+    p.add_argument("--loss-impl", choices=("auto", "triton", "torch"), default="auto")
+    p.add_argument("--eager-elementwise", action="store_true", help="RMSNorm and RoPE op by op (not compiled)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--profile", type=int, default=0, help="profile this many more steps and print GPU time shares")
+    p.add_argument("--trace", default=None, help="where to write the profiler's chrome trace")
+    a = p.parse_args(argv)
+    if a.eager_elementwise:
+        from . import model
+
+        model.FUSE_ELEMENTWISE = False
+    Bench(a).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -26,7 +26,7 @@ def _start(argv, tmp_path):
     sock.bind(str(tmp_path / "n.sock"))
     env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "n.sock")}
     proc = subprocess.Popen([sys.executable, "-m", "flashfleet_trainer.cli", *argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     return proc, sock
 
 
@@ -125,6 +125,11 @@ def test_sigterm_stops_all_ranks_at_one_step_and_rank0_saves(trainer_argv, tmp_p
             proc.wait()
         sock.close()
     assert rc == 0, proc.stderr.read()
+    # The main process left last: nothing of its session (a unit's cgroup) outlived it, not even
+    # multiprocessing's resource tracker, which ignores SIGTERM (systemd on cgroup v1 in a container
+    # would otherwise wait out TimeoutStopSec).
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
     st = json.loads((out / "status.json").read_text())
     assert st["phase"] == "stopped" and st["step"] >= 1
     assert complete_checkpoints(out / "checkpoints")[-1].name == f"step-{st['step']:08d}"

@@ -31,6 +31,7 @@ main process tells them to (after the drafters are done); the main process then 
 
 import ctypes
 import datetime
+import gc
 import json
 import multiprocessing.connection as mpc
 import os
@@ -478,6 +479,13 @@ class Node:
         print(f"flashfleet-train: error: {msg}", file=sys.stderr, flush=True)
         return code
 
+    def release(self):
+        """Flush and close the queues this process wrote to (their feeder threads hold semaphores)."""
+        for q in [getattr(self, "requests", None), *getattr(self, "replies", [])]:
+            if q is not None:
+                q.close()
+                q.join_thread()
+
     def kill_all(self):
         for _, _, _, _, proc in self.children:
             if proc.exitcode is None:
@@ -528,5 +536,35 @@ def _strip(plan):
     return dataclasses.replace(plan, target_config=None)
 
 
+def _end_resource_tracker():
+    """Make this process the unit's last one to exit.
+
+    multiprocessing's resource tracker (a helper process that spawn-started children need) ignores
+    SIGTERM and leaves only after this process has gone. On a cgroup-v1 host systemd inside a
+    container is never told when a unit's last process leaves, so a stop would wait out
+    TimeoutStopSec and end `failed (timeout)`. Closing the tracker's pipe ends it; waiting for it
+    here means the cgroup is empty when systemd sees the main process exit.
+    """
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker
+    fd, pid = getattr(tracker, "_fd", None), getattr(tracker, "_pid", None)
+    if fd is None or pid is None:
+        return
+    tracker._fd = tracker._pid = None
+    try:
+        os.close(fd)
+        os.waitpid(pid, 0)
+    except (OSError, ChildProcessError):
+        pass
+
+
 def supervise(args, plan, log) -> int:
-    return Node(args, plan, log).run()
+    node = Node(args, plan, log)
+    try:
+        return node.run()
+    finally:
+        node.release()
+        del node
+        gc.collect()  # the queues' and events' semaphores unregister now, while the tracker still listens
+        _end_resource_tracker()

@@ -15,14 +15,15 @@ Failure. Children die with the main process (PR_SET_PDEATHSIG). The main process
 children's sentinels: a target or drafter that exits before the drafters finished takes the run
 down at once (every child killed, one line naming the worker, its pid and its exit; exit 1;
 rank 0's node records it in status.json). Across nodes the main processes share the c10d
-TCPStore of the rendezvous: each bumps a heartbeat counter every second and watches the others';
-a node whose counter stands still for --node-timeout seconds, or that published a failure under
-the key `failed`, stops every node. Which node went first: when one node's drafter dies, the
-collectives of every other node fail within moments too, so a node that sees a local failure
-records when it noticed (`down/<node>`), waits a few seconds for the others' records (a node
-killed outright records nothing, but its heartbeat stops), and names the earliest. A node that
-restarts while the run it belonged to is still under way does not join it: it says so and exits,
-and the units start again together.
+TCPStore of the rendezvous: each writes its wall clock there every second (its heartbeat) and
+watches the others'; a node whose heartbeat stands still for --node-timeout seconds, or a
+failure published under the key `failed`, stops every node. Which node went first: when one
+node's drafter dies, the collectives of every other node fail within moments too, so a node that
+sees a local failure records when it happened (`down/<node>`), waits a few seconds for the
+others' records (a node killed outright records nothing, but its heartbeat stops), and names the
+earliest. A node that restarts while the run it belonged to is still under way does not join it:
+it says so and exits, and the units start again together. The main process exits last, after
+multiprocessing's resource tracker (see _end_resource_tracker).
 
 Stopping. SIGTERM reaches every process of the unit's cgroup. Drafter ranks agree to stop in the
 step's all-reduce, rank 0 saves, all exit 0; target workers ignore SIGTERM and leave when the
@@ -242,7 +243,7 @@ class Node:
         self.node = args.node_rank
         self.main = self.node == 0  # global rank 0 lives here: status.json is this node's to write
         self.store = None
-        self.beats = None  # other nodes' heartbeats once all have joined: {node: (count, monotonic, wall)}
+        self.beats = None  # once all have joined: {other node: (its last heartbeat seen, monotonic time seen)}
         self.children = []  # (role, index, device, rank, process)
 
     # -- rendezvous --
@@ -480,11 +481,10 @@ class Node:
         return code
 
     def release(self):
-        """Flush and close the queues this process wrote to (their feeder threads hold semaphores)."""
-        for q in [getattr(self, "requests", None), *getattr(self, "replies", [])]:
-            if q is not None:
-                q.close()
-                q.join_thread()
+        """Flush and close the queue this process wrote to (its feeder thread holds semaphores)."""
+        if hasattr(self, "requests"):
+            self.requests.close()
+            self.requests.join_thread()
 
     def kill_all(self):
         for _, _, _, _, proc in self.children:

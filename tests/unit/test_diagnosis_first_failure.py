@@ -54,3 +54,12 @@ def test_exit_times_keep_their_microseconds():
     a = classify.parse_systemd_time("Mon 2026-11-30 21:03:23.120000 UTC")
     b = classify.parse_systemd_time("Mon 2026-11-30 21:03:23.870000 UTC")
     assert a is not None and b is not None and abs((b - a) - 0.75) < 1e-6
+
+
+def test_a_host_that_names_another_as_first_is_never_first():
+    """Clocks that disagree by a second must not make the echo the cause: a peer-failure row says
+    itself that another host went first."""
+    rows = [{"host": "node-a", "verdict": "peer-failure", "ended_at": 1700000000.0},
+            {"host": "node-b", "verdict": "killed-by-signal", "ended_at": 1700000000.8}]
+    assert classify.first_failure(rows)["host"] == "node-b"
+    assert classify.first_failure(rows[:1]) is None

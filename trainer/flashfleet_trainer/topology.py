@@ -268,7 +268,7 @@ class Node:
         if not self.main and self.store.check(["started"]):
             why = (f"node {self.node} restarted while the run it belonged to was still under way; the run stops "
                    f"and every node starts again from the newest checkpoint")
-            self._publish_failure(why)
+            self._publish_failure(self.node, why)
             raise TopologyError(why)
         me = {"host": socket.gethostname(), "targets": self.T, "drafters": self.D}
         self._beat()
@@ -346,19 +346,21 @@ class Node:
         try:
             self._beat()
             if self.store.check(["failed"]):
-                return self.store.get("failed").decode()
+                first = json.loads(self.store.get("failed"))
+                return f"node {self.node}: stopping, node {first['node']} went first: {first['msg']}"
             for i, wall in self._silent_nodes(self.args.node_timeout).items():
                 msg = f"node {i} stopped heartbeating {time.time() - wall:.0f}s ago (its process or host is gone)"
-                self._publish_failure(msg)
-                return msg
+                self._publish_failure(i, msg)
+                return f"node {self.node}: stopping, node {i} went first: {msg}"
         except Exception as e:
-            return f"node {self.node} lost the rendezvous store at {self.endpoint} ({str(e).splitlines()[0]}): node 0 is gone"
+            return (f"node {self.node}: stopping, node 0 went first: the rendezvous store at {self.endpoint} is gone "
+                    f"({str(e).splitlines()[0]})")
         return None
 
-    def _publish_failure(self, msg):
-        """First writer wins: the key keeps the first node's account."""
+    def _publish_failure(self, node, msg):
+        """Record which node failed first, and how (first writer wins: later accounts are echoes)."""
         try:
-            self.store.compare_set("failed", "", msg)
+            self.store.compare_set("failed", "", json.dumps({"node": node, "msg": msg}))
         except Exception:
             pass  # the store's host is gone; the others learn it from that
 
@@ -386,7 +388,7 @@ class Node:
         accounts = [(d["at"], i, d["msg"]) for i, d in downs.items()]
         accounts += [(t, i, f"node {i} stopped heartbeating (its process or host is gone)") for i, t in silent.items()]
         _, first, first_msg = min(accounts)
-        self._publish_failure(first_msg)
+        self._publish_failure(first, first_msg)
         try:
             self.store.set(f"named/{self.node}", str(first))
             if self.main:  # the store lives in this process: keep it until the failing nodes have named theirs

@@ -33,7 +33,7 @@ SCHEMA = 1
 VERDICTS = (
     "running", "completed", "not-started", "init-crash", "crash", "host-oom-kill",
     "cgroup-oom-kill", "cuda-oom", "gpu-xid-<n>", "nccl-timeout", "watchdog-hang", "disk-full",
-    "killed-by-signal", "stopped", "unknown",
+    "killed-by-signal", "peer-failure", "stopped", "unknown",
 )
 
 # NVIDIA Xid catalog: usually the application's own fault, and hardware/driver faults.
@@ -71,6 +71,8 @@ RE_RESULT = re.compile(r"Failed with result '(?P<result>[\w-]+)'")
 RE_EXCEPTION = re.compile(
     r"^(?P<name>(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning))(?::\s?(?P<text>.*))?$")
 RE_CONFIG_ERROR = re.compile(r"flashfleet-train: config error: .*")
+# The trainer's last line when another node of a multi-node run failed first (topology.py).
+RE_PEER_FAILURE = re.compile(r"flashfleet-train: error: .*node \d+ went first: ")
 RE_TORCH_SHORT_WRITE = re.compile(r"inline_container\.cc.*unexpected pos|PytorchStreamWriter failed writing|file write failed")
 NEARLY_FULL_BYTES = 64 * 2**20
 NEARLY_FULL_FRACTION = 0.01
@@ -105,6 +107,7 @@ NEXT_STEPS = {
     "disk-full": "free space on the output filesystem, then restart; the unit resumes from the newest complete checkpoint",
     "killed-by-signal": "something outside the run killed it: check who (operators, other automation, the OOM killer if the kernel log was unreadable); restart with train.yml",
     "crash": "fix the exception shown; the unit restarts on failure and resumes from the newest complete checkpoint",
+    "peer-failure": "another node of the run failed first (named in the reason): diagnose that host; this one restarts with the run and resumes from the newest checkpoint",
     "init-crash": "fix the cause shown and launch again with train.yml",
     "unknown": "read evidence.json (journal, unit properties, kernel log) by hand",
     "gpu-xid": "hardware/driver fault: drain this GPU (exclude it from the run), reset it (nvidia-smi -r) or reboot; RMA if it repeats",
@@ -735,6 +738,12 @@ def _cause(evidence, run, unit, props, status, inv, facts, ooms, xids, app, kern
     if hit and saving and _nearly_full(disk):
         return Finding("disk-full", f"the checkpoint save failed: a write came up short (torch: {hit[1].strip()[:120]}) "
                        f"on a full filesystem{free}", base + [jline(*hit)])
+    # A multi-node run's trainer says when another node went first (docs/trainer.md): this host's
+    # ranks failed because that one did, whatever exception their collectives raised.
+    hit = _grep(app, RE_PEER_FAILURE)
+    if hit:
+        account = hit[1].strip().removeprefix("flashfleet-train: error:").strip()
+        return Finding("peer-failure", account[:300], base + [jline(*hit)])
     hit = _grep(app, r"Watchdog caught collective operation timeout")
     if hit:
         return Finding("nccl-timeout", f"NCCL collective timed out: {hit[1].strip()[:200]}", base + [jline(*hit)])
@@ -829,7 +838,9 @@ def _evidence_files(args: list[str]) -> list[Path]:
 
 
 # Verdicts that are not a failure: a run that was fine, or never ran, did not "go first".
-NOT_FAILURES = {"running", "completed", "not-started", "stopped", "unreachable", "no-evidence", "unknown"}
+# peer-failure is a failure, but never the first: the host says another one went before it.
+NOT_FAILURES = {"running", "completed", "not-started", "stopped", "unreachable", "no-evidence", "unknown",
+                "peer-failure"}
 
 
 def first_failure(rows: list[dict]) -> dict | None:

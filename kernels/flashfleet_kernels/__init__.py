@@ -27,13 +27,14 @@ def fused_linear_distill_loss(
     teacher_hidden: torch.Tensor | None,
     lm_head_weight: torch.Tensor,
     labels: torch.Tensor,
-    row_weights: torch.Tensor,
+    row_weights,
     *,
     temperature: float = 1.0,
     kl_weight: float = 0.0,
     ignore_index: int = -100,
     impl: str = "auto",
     return_row_stats: bool = False,
+    row_group: int = 1,
     chunk_size: int | None = None,
 ):
     """Per-row-weighted ``(1 - a) * CE + a * T^2 * KL(teacher || student)`` over ``z = h W^T``.
@@ -46,13 +47,20 @@ def fused_linear_distill_loss(
             (through the student logits; the teacher distribution is treated as a constant).
         labels: ``[...]`` int targets; ``ignore_index`` drops the row (CE and KL) entirely.
         row_weights: ``[...]`` per-row weights; the loss is ``sum w_i loss_i / sum w_i`` over rows
-            that are not ignored (0 if no weight is left).
+            that are not ignored (0 if no weight is left). Or a function ``f(row_ce, start, end)``
+            that returns the weights of flattened rows ``start:end`` from their detached fp32 CE
+            (weights that depend on the loss's own CE, e.g. streak weights): the Triton path calls
+            it once per chunk between the row kernel's two passes, so it costs no extra logits
+            GEMM; it must treat each ``row_group`` consecutive rows on their own. Its results are
+            the weights used (keep them if you need them).
         temperature: T, applied to both student and teacher logits in the KL term only.
         kl_weight: a in [0, 1]; 0 is plain weighted CE.
         impl: ``"auto"`` (Triton on CUDA, reference elsewhere), ``"triton"`` or ``"torch"``.
         return_row_stats: also return ``row_ce`` (detached fp32 ``[N]`` CE per flattened row, 0 for
             ignored rows; ``exp(-row_ce)`` is the probability of the label) and
             ``row_argmax_correct`` (bool ``[N]``, ``argmax z_s == label``), at almost no extra cost.
+        row_group: rows per group for a weight function (chunks hold whole groups; the number of
+            rows must be a multiple of it). Ignored for tensor weights.
         chunk_size: rows per chunk for the Triton path (default: fits a 768 MiB workspace).
 
     Returns:
@@ -61,7 +69,7 @@ def fused_linear_distill_loss(
     if impl == "auto":
         impl = "triton" if student_hidden.is_cuda and triton_fused_linear_distill_loss is not None else "torch"
     kwargs = dict(temperature=temperature, kl_weight=kl_weight, ignore_index=ignore_index,
-                  return_row_stats=return_row_stats)
+                  return_row_stats=return_row_stats, row_group=row_group)
     if impl == "torch":
         return reference_fused_linear_distill_loss(
             student_hidden, teacher_hidden, lm_head_weight, labels, row_weights, **kwargs)

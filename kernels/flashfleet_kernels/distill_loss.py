@@ -14,8 +14,13 @@ Why this shape of implementation (docs/kernels.md has the longer story):
   that into the chunk's rows of ``d loss / d h_s``. The workspace is reused by the next chunk, so
   peak extra memory is the workspace plus the ``[N, d]`` gradient, independent of ``N`` otherwise.
 * Because the gradient is complete after forward, backward only multiplies by the incoming scalar
-  gradient. The per-row weights are normalised by their sum before the kernel runs, so the
-  gradient written in forward is already the final one.
+  gradient. Per-row weights given as a tensor are normalised by their sum before the kernel runs,
+  so the gradient written in forward is already the final one. Weights that depend on the rows'
+  own CE (the drafter's streak weights) are given as a function instead: per chunk the row kernel
+  runs its pass 1 (CE, KL, argmax, and the softmax normalisers), the function turns the chunk's
+  CE into its weights, and a second launch runs pass 2 from the stored normalisers with the
+  unnormalised weights; ``1 / sum w'`` then scales the gradient in backward. So the statistics
+  and the weights cost no logits GEMM of their own.
 * Row offsets are int64 (``N * V`` exceeds 2^31 at N=16k, V=152k) and all softmax bookkeeping is
   fp32, whatever the logits' dtype.
 
@@ -45,10 +50,11 @@ def _distill_row_kernel(
     stride_s,
     stride_t,
     labels_ptr,  # [rows] int64
-    scale_ptr,  # [rows] fp32: w_i' / sum(w'), 0 for rows that drop out
+    scale_ptr,  # [rows] fp32: w_i' / sum(w') (w_i' when PASS 2), 0 for rows that drop out
     ce_ptr,  # [rows] fp32 out: CE(z_s, y) (0 for ignored labels)
     kl_ptr,  # [rows] fp32 out: T^2 * KL(p || q_T)
     argmax_ptr,  # [rows] int32 out: argmax z_s (only when WRITE_ARGMAX)
+    norm_ptr,  # [rows, 5] fp32: pass 1's normalisers, written in PASS 1, read in PASS 2
     V,
     inv_temp,
     ce_coef,  # 1 - a
@@ -59,80 +65,99 @@ def _distill_row_kernel(
     SEPARATE_T: tl.constexpr,  # T != 1: the student needs a second normaliser for the KL
     WRITE_ARGMAX: tl.constexpr,
     BLOCK: tl.constexpr,
+    PASS: tl.constexpr = 0,  # 0: both passes; 1: statistics only (and the normalisers); 2: gradient only
 ):
     row = tl.program_id(0).to(tl.int64)
     s_row = s_ptr + row * stride_s
     t_row = t_ptr + row * stride_t
     label = tl.load(labels_ptr + row)
-    scale = tl.load(scale_ptr + row)
 
-    # Pass 1: one online sweep. One running max per side serves both temperatures because
-    # max(z / T) = max(z) / T for T > 0.
-    m_s = float("-inf")
-    d_1 = 0.0  # sum exp(z_s - m_s)
-    d_T = 0.0  # sum exp((z_s - m_s) / T)
-    m_t = float("-inf")
-    d_t = 0.0  # sum exp((z_t - m_t) / T)
-    acc = 0.0  # sum exp((z_t - m_t) / T) * (z_t - z_s)
-    best = 0
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < V
-        zs = tl.load(s_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        blk_max = tl.max(zs, axis=0)
-        if WRITE_ARGMAX:
-            best = tl.where(blk_max > m_s, start + tl.argmax(zs, axis=0), best)
-        m_new = tl.maximum(m_s, blk_max)
-        d_1 = d_1 * tl.exp(m_s - m_new) + tl.sum(tl.exp(zs - m_new), axis=0)
-        if SEPARATE_T:
-            d_T = d_T * tl.exp((m_s - m_new) * inv_temp) + tl.sum(tl.exp((zs - m_new) * inv_temp), axis=0)
-        m_s = m_new
+    if PASS == 2:
+        # Pass 1 ran in an earlier launch (the row weights were computed from its CE since): take
+        # its normalisers instead of sweeping again.
+        m_s = tl.load(norm_ptr + row * 5)
+        log_d1 = tl.load(norm_ptr + row * 5 + 1)
+        log_dT = tl.load(norm_ptr + row * 5 + 2)
         if HAS_KL:
-            zt = tl.load(t_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-            mt_new = tl.maximum(m_t, tl.max(zt, axis=0))
-            alpha = tl.exp((m_t - mt_new) * inv_temp)
-            e_t = tl.exp((zt - mt_new) * inv_temp)
-            d_t = d_t * alpha + tl.sum(e_t, axis=0)
-            # Both sides are -inf in the masked tail: select before subtracting to avoid inf - inf.
-            diff = tl.where(mask, zt, 0.0) - tl.where(mask, zs, 0.0)
-            acc = acc * alpha + tl.sum(e_t * diff, axis=0)
-            m_t = mt_new
-
-    log_d1 = tl.log(d_1)
-    if SEPARATE_T:
-        log_dT = tl.log(d_T)
+            m_t = tl.load(norm_ptr + row * 5 + 3)
+            log_dt = tl.load(norm_ptr + row * 5 + 4)
     else:
-        log_dT = log_d1
-    valid = (label != ignore_index) & (label >= 0) & (label < V)
-    z_y = tl.load(s_row + label, mask=valid, other=0.0).to(tl.float32)
-    ce = tl.where(valid, m_s + log_d1 - z_y, 0.0)
-    tl.store(ce_ptr + row, ce)
-    if WRITE_ARGMAX:
-        tl.store(argmax_ptr + row, best)
-    if HAS_KL:
-        log_dt = tl.log(d_t)
-        # KL = sum p (log p - log q_T) = E_p[(z_t - z_s) / T] - lse(z_t / T) + lse(z_s / T)
-        kl = (acc / d_t) * inv_temp - (m_t * inv_temp + log_dt) + (m_s * inv_temp + log_dT)
-        tl.store(kl_ptr + row, kl / (inv_temp * inv_temp))
-
-    # Pass 2: overwrite the student logits with the weighted gradient.
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < V
-        zs = tl.load(s_row + offs, mask=mask, other=0.0).to(tl.float32)
-        g = tl.zeros([BLOCK], dtype=tl.float32)
-        if HAS_CE:
-            q1 = tl.exp(zs - m_s - log_d1)
-            g = ce_coef * tl.where(offs == label, q1 - 1.0, q1)
-        if HAS_KL:
-            zt = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
+        # Pass 1: one online sweep. One running max per side serves both temperatures because
+        # max(z / T) = max(z) / T for T > 0.
+        m_s = float("-inf")
+        d_1 = 0.0  # sum exp(z_s - m_s)
+        d_T = 0.0  # sum exp((z_s - m_s) / T)
+        m_t = float("-inf")
+        d_t = 0.0  # sum exp((z_t - m_t) / T)
+        acc = 0.0  # sum exp((z_t - m_t) / T) * (z_t - z_s)
+        best = 0
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < V
+            zs = tl.load(s_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+            blk_max = tl.max(zs, axis=0)
+            if WRITE_ARGMAX:
+                best = tl.where(blk_max > m_s, start + tl.argmax(zs, axis=0), best)
+            m_new = tl.maximum(m_s, blk_max)
+            d_1 = d_1 * tl.exp(m_s - m_new) + tl.sum(tl.exp(zs - m_new), axis=0)
             if SEPARATE_T:
-                q_T = tl.exp((zs - m_s) * inv_temp - log_dT)
-            else:
-                q_T = tl.exp(zs - m_s - log_d1)
-            p = tl.exp((zt - m_t) * inv_temp - log_dt)
-            g += kl_coef * (q_T - p)
-        tl.store(s_row + offs, (g * scale).to(s_ptr.dtype.element_ty), mask=mask)
+                d_T = d_T * tl.exp((m_s - m_new) * inv_temp) + tl.sum(tl.exp((zs - m_new) * inv_temp), axis=0)
+            m_s = m_new
+            if HAS_KL:
+                zt = tl.load(t_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+                mt_new = tl.maximum(m_t, tl.max(zt, axis=0))
+                alpha = tl.exp((m_t - mt_new) * inv_temp)
+                e_t = tl.exp((zt - mt_new) * inv_temp)
+                d_t = d_t * alpha + tl.sum(e_t, axis=0)
+                # Both sides are -inf in the masked tail: select before subtracting to avoid inf - inf.
+                diff = tl.where(mask, zt, 0.0) - tl.where(mask, zs, 0.0)
+                acc = acc * alpha + tl.sum(e_t * diff, axis=0)
+                m_t = mt_new
+
+        log_d1 = tl.log(d_1)
+        if SEPARATE_T:
+            log_dT = tl.log(d_T)
+        else:
+            log_dT = log_d1
+        valid = (label != ignore_index) & (label >= 0) & (label < V)
+        z_y = tl.load(s_row + label, mask=valid, other=0.0).to(tl.float32)
+        ce = tl.where(valid, m_s + log_d1 - z_y, 0.0)
+        tl.store(ce_ptr + row, ce)
+        if WRITE_ARGMAX:
+            tl.store(argmax_ptr + row, best)
+        if HAS_KL:
+            log_dt = tl.log(d_t)
+            # KL = sum p (log p - log q_T) = E_p[(z_t - z_s) / T] - lse(z_t / T) + lse(z_s / T)
+            kl = (acc / d_t) * inv_temp - (m_t * inv_temp + log_dt) + (m_s * inv_temp + log_dT)
+            tl.store(kl_ptr + row, kl / (inv_temp * inv_temp))
+        if PASS == 1:
+            tl.store(norm_ptr + row * 5, m_s)
+            tl.store(norm_ptr + row * 5 + 1, log_d1)
+            tl.store(norm_ptr + row * 5 + 2, log_dT)
+            if HAS_KL:
+                tl.store(norm_ptr + row * 5 + 3, m_t)
+                tl.store(norm_ptr + row * 5 + 4, log_dt)
+
+    if PASS != 1:
+        # Pass 2: overwrite the student logits with the weighted gradient.
+        scale = tl.load(scale_ptr + row)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < V
+            zs = tl.load(s_row + offs, mask=mask, other=0.0).to(tl.float32)
+            g = tl.zeros([BLOCK], dtype=tl.float32)
+            if HAS_CE:
+                q1 = tl.exp(zs - m_s - log_d1)
+                g = ce_coef * tl.where(offs == label, q1 - 1.0, q1)
+            if HAS_KL:
+                zt = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
+                if SEPARATE_T:
+                    q_T = tl.exp((zs - m_s) * inv_temp - log_dT)
+                else:
+                    q_T = tl.exp(zs - m_s - log_d1)
+                p = tl.exp((zt - m_t) * inv_temp - log_dt)
+                g += kl_coef * (q_T - p)
+            tl.store(s_row + offs, (g * scale).to(s_ptr.dtype.element_ty), mask=mask)
 
 
 _interpreted_kernel = None
@@ -187,7 +212,7 @@ def _launch_config(vocab: int, device: torch.device) -> tuple[int, int]:
 class _FusedLinearDistillLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_s, h_t, weight, labels, row_weights, temperature, kl_weight, ignore_index,
-                want_argmax, chunk_size, block_size, num_warps):
+                want_argmax, chunk_size, block_size, num_warps, row_group):
         n_rows, _ = h_s.shape
         vocab = weight.shape[0]
         device = h_s.device
@@ -198,13 +223,25 @@ class _FusedLinearDistillLoss(torch.autograd.Function):
         need_grad_w = ctx.needs_input_grad[2]
 
         valid = labels != ignore_index
-        w_eff = torch.where(valid, row_weights.to(torch.float32), 0.0)
-        total = w_eff.sum()
-        scale = (w_eff / torch.where(total > 0, total, torch.ones_like(total))).contiguous()
+        weight_fn = row_weights if callable(row_weights) else None
+        if weight_fn is None:
+            # Weights known up front: normalise them now, so the gradient written in forward is final.
+            w_eff = torch.where(valid, row_weights.to(torch.float32), 0.0)
+            total = w_eff.sum()
+            scale = (w_eff / torch.where(total > 0, total, torch.ones_like(total))).contiguous()
+        else:
+            # Weights from this chunk's CE: pass 1, the weights, then pass 2 with w_i' unnormalised; the
+            # sum over all chunks is known only at the end, so 1 / sum(w') is applied in backward.
+            if n_rows % row_group:
+                raise ValueError(f"{n_rows} rows are not whole groups of row_group={row_group}")
+            scale = torch.empty(n_rows, dtype=torch.float32, device=device)
+        norms = torch.empty((n_rows if weight_fn is not None else 1), 5, dtype=torch.float32, device=device)
 
         if chunk_size is None:
             chunk_size = default_chunk_size(n_rows, vocab, h_s.element_size(), has_kl)
         chunk_size = max(1, min(chunk_size, n_rows))
+        if weight_fn is not None:  # a chunk holds whole groups
+            chunk_size = max(row_group, chunk_size // row_group * row_group)
         block, default_warps = _launch_config(vocab, device)
         block = block_size or block
         num_warps = num_warps or default_warps
@@ -231,15 +268,16 @@ class _FusedLinearDistillLoss(torch.autograd.Function):
             if has_kl:
                 torch.mm(h_t[start:end], weight_t, out=z_t)
 
-        def row_kernel(k):
+        def row_kernel(k, which):
             start, end, z_s, z_t = views(k)
             kernel[(end - start,)](
                 z_s, z_t, z_s.stride(0), z_t.stride(0),
                 labels[start:end], scale[start:end],
                 row_ce[start:end], row_kl[start:end], argmax[start:end] if want_argmax else argmax,
+                norms[start:end] if weight_fn is not None else norms,
                 vocab, 1.0 / temperature, 1.0 - kl_weight, kl_weight * temperature, ignore_index,
                 HAS_KL=has_kl, HAS_CE=has_ce, SEPARATE_T=separate_t, WRITE_ARGMAX=want_argmax,
-                BLOCK=block, num_warps=num_warps,
+                BLOCK=block, PASS=which, num_warps=num_warps,
             )
 
         def grads(k):  # z_s now holds d loss / d z_s for these rows
@@ -254,22 +292,44 @@ class _FusedLinearDistillLoss(torch.autograd.Function):
         # the GEMMs keep every SM busy, so the memory-bound kernel cannot slip in beside them.
         for k in range(len(bounds)):
             logits(k)
-            row_kernel(k)
+            if weight_fn is None:
+                row_kernel(k, 0)
+            else:
+                start, end = bounds[k]
+                row_kernel(k, 1)
+                w = weight_fn(row_ce[start:end], start, end).reshape(-1).to(torch.float32)
+                scale[start:end] = torch.where(valid[start:end], w, 0.0)
+                row_kernel(k, 2)
             grads(k)
 
-        loss = (scale * ((1.0 - kl_weight) * row_ce + kl_weight * row_kl)).sum()
+        row_loss = (1.0 - kl_weight) * row_ce + kl_weight * row_kl
+        if weight_fn is None:
+            loss = (scale * row_loss).sum()
+            inv_norm = None
+        else:
+            total = scale.sum()
+            inv_norm = 1.0 / torch.where(total > 0, total, torch.ones_like(total))
+            loss = (scale * row_loss).sum() * inv_norm
         correct = (argmax.long() == labels) & valid if want_argmax else torch.zeros_like(valid)
-        ctx.save_for_backward(grad_h, grad_w)
+        ctx.save_for_backward(grad_h, grad_w, inv_norm)
         ctx.mark_non_differentiable(row_ce, correct)
         return loss, row_ce, correct
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_ce, _grad_correct):
-        grad_h, grad_w = ctx.saved_tensors
+        grad_h, grad_w, inv_norm = ctx.saved_tensors
+
+        def scaled(g):
+            if g is None:
+                return None
+            if inv_norm is None:
+                return g * grad_loss.to(g.dtype)
+            # one rounding of the fp32 product, not of a bf16-rounded 1 / sum(w')
+            return (g.float() * (grad_loss.float() * inv_norm)).to(g.dtype)
+
         # Out of place so that a retained graph can be backpropagated more than once.
-        grad_h = grad_h * grad_loss.to(grad_h.dtype) if grad_h is not None else None
-        grad_w = grad_w * grad_loss.to(grad_w.dtype) if grad_w is not None else None
-        return grad_h, None, grad_w, None, None, None, None, None, None, None, None, None
+        return (scaled(grad_h), None, scaled(grad_w), None, None, None, None, None, None, None, None, None,
+                None)
 
 
 def triton_fused_linear_distill_loss(
@@ -277,12 +337,13 @@ def triton_fused_linear_distill_loss(
     teacher_hidden: torch.Tensor | None,
     lm_head_weight: torch.Tensor,
     labels: torch.Tensor,
-    row_weights: torch.Tensor,
+    row_weights,
     *,
     temperature: float = 1.0,
     kl_weight: float = 0.0,
     ignore_index: int = -100,
     return_row_stats: bool = False,
+    row_group: int = 1,
     chunk_size: int | None = None,
     block_size: int | None = None,
     num_warps: int | None = None,
@@ -292,7 +353,9 @@ def triton_fused_linear_distill_loss(
     Hidden states may be ``[..., d]``; they are flattened to rows. They are cast to the head's
     dtype (all matmuls run in it). ``chunk_size`` (rows per chunk), ``block_size`` (vocabulary
     columns per kernel step) and ``num_warps`` are tuning knobs; the defaults keep the workspace
-    at 768 MiB.
+    at 768 MiB. With callable ``row_weights`` the row kernel runs as two launches per chunk (its
+    pass 1, the weights from the chunk's CE, its pass 2), and chunks are rounded down to whole
+    ``row_group``s.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -305,13 +368,16 @@ def triton_fused_linear_distill_loss(
     if kl_weight != 0:
         h_t = teacher_hidden.detach().reshape(-1, d).to(dtype).contiguous()
     y = labels.reshape(-1).to(torch.int64).contiguous()
-    w = row_weights.reshape(-1)
-    if not (h_s.shape[0] == y.shape[0] == w.shape[0]) or (h_t is not None and h_t.shape != h_s.shape):
+    w = row_weights if callable(row_weights) else row_weights.reshape(-1)
+    n_w = y.shape[0] if callable(w) else w.shape[0]
+    if not (h_s.shape[0] == y.shape[0] == n_w) or (h_t is not None and h_t.shape != h_s.shape):
         raise ValueError("student_hidden, teacher_hidden, labels and row_weights must agree on rows")
+    if row_group < 1:
+        raise ValueError(f"row_group must be >= 1, got {row_group}")
     weight = lm_head_weight.contiguous()
     loss, row_ce, correct = _FusedLinearDistillLoss.apply(
         h_s, h_t, weight, y, w, float(temperature), float(kl_weight), int(ignore_index),
-        bool(return_row_stats), chunk_size, block_size, num_warps,
+        bool(return_row_stats), chunk_size, block_size, num_warps, int(row_group),
     )
     if return_row_stats:
         return loss, row_ce, correct

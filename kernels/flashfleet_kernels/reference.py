@@ -33,18 +33,23 @@ def reference_fused_linear_distill_loss(
     teacher_hidden: torch.Tensor | None,
     lm_head_weight: torch.Tensor,
     labels: torch.Tensor,
-    row_weights: torch.Tensor,
+    row_weights,
     *,
     temperature: float = 1.0,
     kl_weight: float = 0.0,
     ignore_index: int = -100,
     return_row_stats: bool = False,
+    row_group: int = 1,
 ):
     """Weighted CE + temperature-scaled forward KL, computed the obvious way.
 
     Returns the scalar loss, or ``(loss, row_ce, row_argmax_correct)`` when ``return_row_stats``:
     ``row_ce`` is the detached fp32 per-row cross-entropy (0 for ignored rows) and
     ``row_argmax_correct`` is a bool per row, ``argmax(z_s) == y`` (False for ignored rows).
+
+    ``row_weights`` may be a function ``f(row_ce, start, end)`` of the detached fp32 CE of rows
+    ``start:end`` returning their weights; here it is called once on all rows. It must treat every
+    ``row_group`` consecutive rows on their own (the fused path calls it chunk by chunk).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -55,12 +60,16 @@ def reference_fused_linear_distill_loss(
     weight = lm_head_weight.to(compute)
     y = labels.reshape(-1)
     valid = y != ignore_index
-    w = torch.where(valid, row_weights.reshape(-1).to(compute), 0.0)
+    if callable(row_weights) and (row_group < 1 or y.shape[0] % row_group):
+        raise ValueError(f"{y.shape[0]} rows are not whole groups of row_group={row_group}")
 
     z_s = h_s @ weight.T
     log_q1 = F.log_softmax(z_s, dim=-1)
     safe_y = torch.where(valid, y, 0)
     ce = torch.where(valid, -log_q1.gather(1, safe_y[:, None]).squeeze(1), 0.0)
+    if callable(row_weights):
+        row_weights = row_weights(ce.detach().float(), 0, y.shape[0])
+    w = torch.where(valid, row_weights.reshape(-1).to(compute), 0.0)
     row_loss = (1.0 - kl_weight) * ce
     if kl_weight != 0:
         with torch.no_grad():

@@ -131,6 +131,87 @@ def test_teacher_gets_no_gradient_and_none_teacher_for_ce():
         fused_linear_distill_loss(h_s, None, weight, labels, row_weights, kl_weight=0.5)
 
 
+def _streak_like(group, calls=None):
+    """Weights from each group's own CE (a streak-weight stand-in), recording where it was called."""
+    def f(ce, start, end):
+        assert start % group == 0 and end % group == 0 and ce.shape == (end - start,)
+        assert ce.dtype == torch.float32 and not ce.requires_grad
+        s = 0.5 * torch.exp(-ce.view(-1, group)) + 0.5
+        w = torch.cumprod(s, 1).flip(1).cumsum(1).flip(1).reshape(-1)
+        if calls is not None:
+            calls.append((start, end, w.clone()))
+        return w
+    return f
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("temperature, kl_weight", [(2.0, 0.7), (1.0, 0.0), (1.0, 1.0)])
+def test_weight_function_matches_reference_and_tensor_weights(dtype, temperature, kl_weight):
+    """Weights computed from the loss's own CE, chunk by chunk between the kernel's two passes,
+    give the reference's loss, gradient and statistics, and the same as passing those weights."""
+    group = 4
+    inputs = _inputs(dtype, n=36)
+    kw = dict(temperature=temperature, kl_weight=kl_weight, row_group=group)
+    calls = []
+    (loss, ce, ok), g, _ = _loss_and_grads(triton_fused_linear_distill_loss, *inputs[:4], _streak_like(group, calls),
+                                           chunk_size=10, block_size=256, **kw)
+    # chunk_size 10 is rounded down to 8 rows: whole groups, 5 chunks (the last one short)
+    assert [(s, e) for s, e, _ in calls] == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 36)]
+    used = torch.cat([w for _, _, w in calls])
+    r_calls = []
+    (r_loss, r_ce, r_ok), r_g, _ = _loss_and_grads(reference_fused_linear_distill_loss, *inputs[:4],
+                                                   _streak_like(group, r_calls), **kw)
+    assert [(s, e) for s, e, _ in r_calls] == [(0, 36)]
+    tol = TOL[dtype]
+    torch.testing.assert_close(loss, r_loss.float(), **tol)
+    torch.testing.assert_close(ce, r_ce, **tol)
+    assert torch.equal(ok, r_ok)
+    torch.testing.assert_close(used, r_calls[0][2].float(), **tol)
+    scale = r_g.abs().max()
+    torch.testing.assert_close(g.float() / scale, r_g.float() / scale, atol=tol["atol"] * 10, rtol=0)
+    # the same weights passed as a tensor: the one-launch path
+    (t_loss, t_ce, _), t_g, _ = _loss_and_grads(triton_fused_linear_distill_loss, *inputs[:4], used,
+                                                chunk_size=10, block_size=256, **kw)
+    torch.testing.assert_close(loss, t_loss, **tol)
+    torch.testing.assert_close(ce, t_ce, **tol)
+    torch.testing.assert_close(g.float() / scale, t_g.float() / scale, atol=tol["atol"] * 10, rtol=0)
+    dropped = inputs[3] == -100
+    assert torch.all(g[dropped] == 0)
+
+
+@needs_triton
+def test_weight_function_head_gradient_and_backward_scaling():
+    h_s, h_t, weight, labels, _ = _inputs(torch.float32, n=24, v=300)
+    kw = dict(temperature=2.0, kl_weight=0.3, row_group=6)
+    (loss, _, _), g, gw = _loss_and_grads(triton_fused_linear_distill_loss, h_s, h_t, weight, labels,
+                                          _streak_like(6), head_grad=True, chunk_size=12, **kw)
+    (r_loss, _, _), r_g, r_gw = _loss_and_grads(reference_fused_linear_distill_loss, h_s, h_t, weight, labels,
+                                                _streak_like(6), head_grad=True, **kw)
+    torch.testing.assert_close(loss, r_loss, atol=2e-5, rtol=2e-4)
+    torch.testing.assert_close(g, r_g, atol=2e-6, rtol=2e-4)
+    torch.testing.assert_close(gw, r_gw, atol=2e-6, rtol=2e-4)
+    hs = h_s.clone().requires_grad_()
+    loss = triton_fused_linear_distill_loss(hs, h_t, weight, labels, _streak_like(6), **kw)
+    (g1,) = torch.autograd.grad(loss, hs, retain_graph=True)
+    (g3,) = torch.autograd.grad(3.0 * loss, hs)
+    torch.testing.assert_close(g3, 3.0 * g1)
+
+
+@needs_triton
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_weight_function_edge_cases(impl):
+    h_s, h_t, weight, labels, _ = _inputs(torch.float32, n=8, v=200)
+    h_s.requires_grad_()
+    labels[:] = -100  # every row dropped: 0, not NaN
+    loss = fused_linear_distill_loss(h_s, h_t, weight, labels, _streak_like(4), kl_weight=0.5, row_group=4,
+                                     impl=impl)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.all(h_s.grad == 0)
+    with pytest.raises(ValueError, match="row_group"):  # 8 rows are not whole groups of 3
+        fused_linear_distill_loss(h_s, h_t, weight, labels, _streak_like(3), kl_weight=0.5, row_group=3, impl=impl)
+
+
 def test_dispatch():
     h_s, h_t, weight, labels, row_weights = _inputs(torch.float32, n=6, v=50, d=8, device="cpu")
     ref = reference_fused_linear_distill_loss(h_s, h_t, weight, labels, row_weights, kl_weight=0.2)

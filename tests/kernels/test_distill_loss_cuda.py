@@ -85,3 +85,35 @@ def test_peak_memory_under_one_gib():
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     assert peak < 1024**3, peak / 1024**3
+
+
+def test_bf16_weight_function_matches_tensor_weights():
+    """Streak-like weights from the loss's own CE (two launches per chunk) against the same weights
+    given up front (one launch), at a real shape in bf16."""
+    n, group = 8192, 16
+    h_s, h_t, weight, labels, _ = _inputs(n)
+    calls = []
+
+    def streak_like(ce, start, end):
+        s = 0.5 * torch.exp(-ce.view(-1, group)) + 0.5
+        w = torch.cumprod(s, 1).flip(1).cumsum(1).flip(1).reshape(-1)
+        calls.append((start, end, w))
+        return w
+
+    kw = dict(temperature=1.0, kl_weight=0.5, impl="triton", return_row_stats=True)
+    hs = h_s.clone().requires_grad_()
+    loss, ce, ok = fused_linear_distill_loss(hs, h_t, weight, labels, streak_like, row_group=group, **kw)
+    loss.backward()
+    assert all(s % group == 0 and e % group == 0 for s, e, _ in calls) and calls[-1][1] == n
+    used = torch.cat([w for _, _, w in calls])
+    ht = h_s.clone().requires_grad_()
+    t_loss, t_ce, t_ok = fused_linear_distill_loss(ht, h_t, weight, labels, used, **kw)
+    t_loss.backward()
+    assert torch.equal(ce, t_ce) and torch.equal(ok, t_ok)  # pass 1 is the same computation
+    assert abs(loss.item() - t_loss.item()) <= 1e-5 * abs(t_loss.item())
+    rel = (hs.grad.float() - ht.grad.float()).norm() / ht.grad.float().norm()
+    assert rel < 5e-3, rel  # bf16 rounding of w_i' g vs (w_i' / sum w') g, then 1 / sum w'
+    ref_loss, ref_grad, ref_ce, _ = _blocked_reference(h_s, h_t, weight, labels, used, temperature=1.0,
+                                                       kl_weight=0.5)
+    assert abs(loss.item() - ref_loss) <= 2e-3 * abs(ref_loss) + 1e-4
+    assert (hs.grad.float() - ref_grad).norm() / ref_grad.norm() < 3e-2

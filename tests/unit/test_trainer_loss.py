@@ -10,6 +10,7 @@ from flashfleet_trainer.loss import (
     acceptance_proxy,
     drafter_loss,
     position_weights,
+    stats_to_host,
     torch_fused_linear_distill_loss,
 )
 
@@ -103,3 +104,96 @@ def test_fused_kernel_matches_torch_reference_when_present():
     ga, = torch.autograd.grad(a, hs)
     gb, = torch.autograd.grad(b, hs)
     assert torch.allclose(ga, gb, atol=1e-5)
+
+
+def _batch(seed=3, n=4, b=5, h=8, v=40):
+    g = torch.Generator().manual_seed(seed)
+    hs, ht = torch.randn(n, b, h, generator=g), torch.randn(n, b, h, generator=g)
+    w_head = torch.randn(v, h, generator=g)
+    y = torch.randint(0, v, (n, b), generator=g)
+    y[:, 0] = IGNORE
+    y[1, 2] = IGNORE
+    y[3, 1:] = IGNORE  # a block with no supervised position
+    return hs, ht, w_head, y
+
+
+def _loss_fns():
+    """The trainer's torch loss and the kernels' reference (the Triton kernel's own test of the same
+    weight function runs under the interpreter in tests/kernels)."""
+    kernels = pytest.importorskip("flashfleet_kernels")
+    return [torch_fused_linear_distill_loss, kernels.reference_fused_linear_distill_loss]
+
+
+def test_streak_weights_come_from_the_loss_own_ce():
+    """Streak weights computed inside the loss (from its CE) equal those from a separate CE pass,
+    and so do the loss, its gradient and the statistics, for every loss implementation."""
+    hs, ht, w_head, y = _batch()
+    n, b, h = hs.shape
+    logits = hs.reshape(-1, h) @ w_head.T
+    ce_direct = (F.cross_entropy(logits, y.reshape(-1).clamp_min(0), reduction="none") * (y.reshape(-1) != IGNORE))
+    want_w = position_weights("streak", y != IGNORE, ce_direct.view(n, b), alpha=0.5)
+    want = _direct(hs.reshape(-1, h).double(), ht.reshape(-1, h).double(), w_head.double(), y.reshape(-1),
+                   want_w.reshape(-1).double(), 2.0, 0.6)
+    for fn in _loss_fns():
+        x = hs.clone().requires_grad_()
+        loss, st = drafter_loss(x, ht, w_head, y, loss_fn=fn, weighting="streak", use_soft_labels=True,
+                                kl_temperature=2.0, kl_weight=0.6)
+        assert torch.allclose(st["weights"], want_w, atol=1e-5)
+        assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+        assert st["ce"] == pytest.approx(((ce_direct * want_w.reshape(-1)).sum() / want_w.sum()).item(), rel=1e-5)
+        pred = logits.argmax(-1).view(n, b)
+        for k in range(1, b):
+            ok = y[:, k] != IGNORE
+            want_acc = ((pred[:, k] == y[:, k]) & ok).sum().item() / max(ok.sum().item(), 1)
+            assert st["acc"][k - 1] == pytest.approx(want_acc) if ok.any() else math.isnan(st["acc"][k - 1])
+        loss.backward()
+        ref = hs.clone().requires_grad_()
+        _direct(ref.reshape(-1, h), ht.reshape(-1, h), w_head, y.reshape(-1), want_w.reshape(-1), 2.0, 0.6).backward()
+        assert torch.allclose(x.grad, ref.grad, atol=1e-5)
+
+
+def test_device_stats_read_once_match_host_stats():
+    hs, ht, w_head, y = _batch(seed=4)
+    kw = dict(loss_fn=torch_fused_linear_distill_loss, weighting="streak", use_soft_labels=True,
+              kl_temperature=1.0, kl_weight=0.5)
+    _, host = drafter_loss(hs, ht, w_head, y, **kw)
+    _, dev = drafter_loss(hs, ht, w_head, y, host_stats=False, **kw)
+    for k in ("ce", "kl", "rows", "correct", "count"):
+        assert isinstance(dev[k], torch.Tensor), k
+    assert dev["ce"].dtype == torch.float64 and dev["kl"].dtype == torch.float64
+    assert stats_to_host(dev)["acc"] == pytest.approx(host["acc"], nan_ok=True)
+    assert {k: v for k, v in stats_to_host(dev).items() if k not in ("weights", "acc")} == \
+        {k: v for k, v in host.items() if k not in ("weights", "acc")}
+    assert host["rows"] == int((y != IGNORE).sum()) and math.isnan(host["acc"][-1]) is False
+
+
+@pytest.mark.parametrize("weighting", ["streak", "decay"])
+def test_no_logits_pass_outside_the_loss(weighting):
+    """The statistics cost no matmul of their own: inside drafter_loss, only the loss touches the head."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    hs, ht, w_head, y = _batch(seed=5)
+    v = w_head.shape[0]
+
+    class CountHeadMatmuls(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.__name__.split(".")[0] in ("mm", "addmm", "bmm", "matmul") and out.shape[-1] == v:
+                CountHeadMatmuls.n += 1
+            return out
+
+    calls = []
+
+    def loss_fn(*a, **k):
+        calls.append(1)
+        with torch.utils._python_dispatch._disable_current_modes():
+            return torch_fused_linear_distill_loss(*a, **k)
+
+    with CountHeadMatmuls():
+        drafter_loss(hs, ht, w_head, y, loss_fn=loss_fn, weighting=weighting, use_soft_labels=True, kl_weight=0.5)
+    assert calls == [1] and CountHeadMatmuls.n == 0
+    with CountHeadMatmuls():  # the counter does see the loss's own logits
+        torch_fused_linear_distill_loss(hs, ht, w_head, y, torch.ones_like(y, dtype=torch.float32), kl_weight=0.5)
+    assert CountHeadMatmuls.n == 2

@@ -79,18 +79,22 @@ class Bench:
                                          attn_impl=self.attn_impl)
             with region("loss"):
                 tpos = torch.minimum(blocks.teacher_pos, torch.tensor(a.seq_len - 1))
-                teacher = self.last[blocks.seq.to(self.dev)[:, None], tpos.to(self.dev)]
-                loss, _ = drafter_loss(student, teacher, self.head, blocks.labels.to(self.dev), loss_fn=self.loss_fn,
-                                       weighting="streak", use_soft_labels=True, kl_temperature=1.0, kl_weight=0.5)
+                nb = dict(non_blocking=True)
+                teacher = self.last[blocks.seq.to(self.dev, **nb)[:, None], tpos.to(self.dev, **nb)]
+                loss, st = drafter_loss(student, teacher, self.head, blocks.labels.to(self.dev, **nb),
+                                        loss_fn=self.loss_fn, weighting=a.weighting, use_soft_labels=True,
+                                        kl_temperature=1.0, kl_weight=0.5, host_stats=False)
         with region("backward"):
             loss.backward()
-        self.sync()
+        self.sync()  # for the drafter's time alone; the trainer does not wait here
         t1 = time.perf_counter()
         with region("optimizer"):
-            torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0)
+            gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
-        self.sync()
+        # the statistics, read once after the optimizer as the trainer does
+        torch.cat([loss.detach().double().reshape(1), st["ce"].reshape(1), st["kl"].reshape(1),
+                   st["correct"].double(), st["count"].double(), gnorm.double().reshape(1)]).tolist()
         return blocks.input_ids.numel(), t1 - t0, time.perf_counter() - t0
 
     def run(self):
@@ -179,6 +183,8 @@ def main(argv=None):
     p.add_argument("--attn-impl", choices=("auto", "dense", "flex"), default="auto")
     p.add_argument("--fused-adamw", choices=("auto", "on", "off"), default="auto", help="auto: fused on CUDA")
     p.add_argument("--loss-impl", choices=("auto", "triton", "torch"), default="auto")
+    p.add_argument("--weighting", choices=("streak", "decay", "uniform"), default="streak",
+                   help="position weights (streak: computed inside the loss from its own CE)")
     p.add_argument("--eager-elementwise", action="store_true", help="RMSNorm and RoPE op by op (not compiled)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)

@@ -11,10 +11,13 @@ with z = hidden @ lm_head_weight.T. The fused Triton kernel (flashfleet_kernels)
 materializes the [rows x vocab] logits; `torch_fused_linear_distill_loss` below is the plain
 torch version of the same signature, used until/unless the kernel is importable.
 
-Streak weights and per-position accuracy need per-row CE and argmax *before* the loss. They are
-detached, so `row_stats` gets them in row chunks under no_grad: a [chunk x vocab] tile at a
-time, never a second full [rows x vocab] fp32 tensor. The logged KL is recovered from the loss
-value and the weighted CE by algebra instead of a second teacher pass.
+Streak weights and per-position accuracy need per-row CE and argmax, and the streak weights are
+needed *before* the loss is weighted. The loss computes both anyway, so they come from it
+(`return_row_stats=True`), and the streak weights are given as a function of the rows' CE that
+the loss calls chunk by chunk (whole blocks per chunk, `row_group`=block size), before it writes
+the weighted gradient: no second logits pass. The logged KL is recovered from the loss value and
+the weighted CE by algebra instead of a second teacher pass. The statistics stay on the device
+(`host_stats=False`) until the trainer reads them once per optimizer step.
 """
 
 import math
@@ -26,19 +29,27 @@ IGNORE = -100
 
 
 def torch_fused_linear_distill_loss(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights, *,
-                                    temperature=1.0, kl_weight=0.0, ignore_index=IGNORE):
+                                    temperature=1.0, kl_weight=0.0, ignore_index=IGNORE, return_row_stats=False,
+                                    row_group=1):
     """Plain-torch reference of flashfleet_kernels.fused_linear_distill_loss (same signature).
 
     Rows whose label is ignore_index get weight 0 (they have neither a hard nor a soft target:
-    the soft target of a block position only exists where its label does).
+    the soft target of a block position only exists where its label does). `row_weights` may be
+    a function (row_ce, start, end) -> weights, called once on all rows; `return_row_stats` adds
+    the detached per-row CE and argmax correctness, as the kernel does.
     """
     h = student_hidden.reshape(-1, student_hidden.shape[-1])
     y = labels.reshape(-1)
-    w = row_weights.reshape(-1).float() * (y != ignore_index).float()
+    ok = y != ignore_index
+    if callable(row_weights) and y.shape[0] % row_group:
+        raise ValueError(f"{y.shape[0]} rows are not whole groups of row_group={row_group}")
     logits = (h @ lm_head_weight.t()).float()
+    ce = F.cross_entropy(logits, y.clamp_min(0), reduction="none") * ok
+    if callable(row_weights):
+        row_weights = row_weights(ce.detach(), 0, y.shape[0])
+    w = row_weights.reshape(-1).float() * ok.float()
     per_row = torch.zeros_like(w)
     if kl_weight < 1.0:
-        ce = F.cross_entropy(logits, y.clamp_min(0), reduction="none")
         per_row = per_row + (1.0 - kl_weight) * ce
     if kl_weight > 0.0:
         t = temperature
@@ -48,7 +59,10 @@ def torch_fused_linear_distill_loss(student_hidden, teacher_hidden, lm_head_weig
         log_q = F.log_softmax(logits / t, dim=-1)
         kl = (log_p.exp() * (log_p - log_q)).sum(-1)
         per_row = per_row + kl_weight * t * t * kl
-    return (w * per_row).sum() / w.sum().clamp_min(1e-12)
+    loss = (w * per_row).sum() / w.sum().clamp_min(1e-12)
+    if not return_row_stats:
+        return loss
+    return loss, ce.detach(), (logits.detach().argmax(-1) == y) & ok
 
 
 def get_loss_fn(impl: str = "auto"):
@@ -62,25 +76,6 @@ def get_loss_fn(impl: str = "auto"):
             if impl == "triton":
                 raise
     return torch_fused_linear_distill_loss, "torch"
-
-
-@torch.no_grad()
-def row_stats(hidden, lm_head_weight, labels, chunk_rows: int = 4096):
-    """Per-row CE and correctness (argmax == label), detached, chunked over rows.
-
-    hidden [..., H], labels [...] -> (ce, correct) shaped like labels; 0 where label is ignored.
-    """
-    h = hidden.reshape(-1, hidden.shape[-1])
-    y = labels.reshape(-1)
-    ce = torch.zeros(y.shape, dtype=torch.float32, device=h.device)
-    correct = torch.zeros(y.shape, dtype=torch.bool, device=h.device)
-    for s in range(0, h.shape[0], chunk_rows):
-        logits = (h[s:s + chunk_rows] @ lm_head_weight.t()).float()
-        yy = y[s:s + chunk_rows]
-        ok = yy != IGNORE
-        ce[s:s + chunk_rows] = F.cross_entropy(logits, yy.clamp_min(0), reduction="none") * ok
-        correct[s:s + chunk_rows] = (logits.argmax(-1) == yy) & ok
-    return ce.view(labels.shape), correct.view(labels.shape)
 
 
 def default_gamma(block_size: int) -> float:
@@ -136,28 +131,55 @@ def acceptance_proxy(acc: list[float]) -> float:
 
 
 def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss_fn, weighting="streak",
-                 streak_alpha=0.5, decay_gamma=None, use_soft_labels=False, kl_temperature=1.0, kl_weight=0.0):
+                 streak_alpha=0.5, decay_gamma=None, use_soft_labels=False, kl_temperature=1.0, kl_weight=0.0,
+                 host_stats=True):
     """Loss and statistics for one micro-batch of blocks.
 
     student_hidden [N, B, H]: drafter output (after its final norm); teacher_hidden [N, B, H]:
     the target's final normed hidden state at position anchor+k-1 (None without soft labels);
     labels [N, B]: token at anchor+k, IGNORE where unsupervised (always at k = 0).
     Returns (loss, stats) with stats: ce (weighted mean), kl (weighted mean or None),
-    acc (per position 1..B-1; NaN where no valid row), rows (valid rows), weights [N, B].
+    acc (per position 1..B-1; NaN where no valid row), rows (valid rows), weights [N, B],
+    correct and count (per position 1..B-1). Per-row CE and argmax come from the loss itself.
+    With host_stats=False nothing is read back to the host: ce, kl (float64), correct, count and
+    rows stay 0-d/1-d tensors on the device and acc is absent (`stats_to_host` makes the rest).
     """
+    n, b = labels.shape
     valid = labels != IGNORE
-    ce, correct = row_stats(student_hidden, lm_head_weight, labels)
-    weights = position_weights(weighting, valid, ce, alpha=streak_alpha, gamma=decay_gamma)
+    if weighting == "streak":
+        weights = torch.zeros(n, b, dtype=torch.float32, device=labels.device)
+        flat = weights.view(-1)
+
+        def row_weights(ce, start, end):  # called by the loss with whole blocks of rows
+            w = position_weights("streak", valid[start // b:end // b], ce.view(-1, b), alpha=streak_alpha).reshape(-1)
+            flat[start:end] = w
+            return w
+    else:
+        weights = position_weights(weighting, valid, gamma=decay_gamma)
+        row_weights = weights
     kw = kl_weight if use_soft_labels else 0.0
-    loss = loss_fn(student_hidden, teacher_hidden if use_soft_labels else None, lm_head_weight, labels, weights,
-                   temperature=kl_temperature, kl_weight=kw, ignore_index=IGNORE)
+    loss, ce, correct = loss_fn(student_hidden, teacher_hidden if use_soft_labels else None, lm_head_weight, labels,
+                                row_weights, temperature=kl_temperature, kl_weight=kw, ignore_index=IGNORE,
+                                return_row_stats=True, row_group=b)
+    ce, correct = ce.view(n, b), correct.view(n, b)
     wsum = weights.sum().clamp_min(1e-12)
-    ce_w = float((weights * ce).sum() / wsum)
+    ce_w = ((weights * ce).sum() / wsum).double()
     kl = None
     if kw > 0:
-        kl = (float(loss.detach()) - (1 - kw) * ce_w) / (kw * kl_temperature ** 2)
-    counts = valid[:, 1:].sum(0).float()
-    acc = (correct[:, 1:].sum(0).float() / counts).tolist()  # NaN where a position has no valid row
-    stats = {"ce": ce_w, "kl": kl, "acc": acc, "rows": int(valid.sum()), "weights": weights,
-             "correct": correct[:, 1:].sum(0).tolist(), "count": counts.tolist()}
-    return loss, stats
+        kl = (loss.detach().double() - (1 - kw) * ce_w) / (kw * kl_temperature ** 2)
+    stats = {"ce": ce_w, "kl": kl, "rows": valid.sum(), "weights": weights,
+             "correct": correct[:, 1:].sum(0), "count": valid[:, 1:].sum(0).float()}
+    return loss, (stats_to_host(stats) if host_stats else stats)
+
+
+def stats_to_host(stats: dict) -> dict:
+    """drafter_loss's device statistics as Python numbers, read back in one transfer."""
+    kl = stats["kl"]
+    acc = stats["correct"].float() / stats["count"]  # NaN where a position has no valid row
+    parts = [stats["ce"].reshape(1), (kl if kl is not None else stats["ce"]).reshape(1),
+             stats["rows"].reshape(1), stats["correct"], stats["count"], acc]
+    vals = torch.cat([p.double() for p in parts]).tolist()
+    b1 = stats["correct"].shape[0]
+    return {"ce": vals[0], "kl": vals[1] if kl is not None else None, "rows": int(vals[2]),
+            "weights": stats["weights"], "correct": [int(c) for c in vals[3:3 + b1]],
+            "count": vals[3 + b1:3 + 2 * b1], "acc": vals[3 + 2 * b1:]}

@@ -422,7 +422,7 @@ def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen
         rms = ctx.float().pow(2).mean(-1, keepdim=True).sqrt()
         eps = torch.randn(ctx.shape, generator=gen, device="cpu").to(dev)
         ctx = (ctx.float() + noise_scale * rms * eps).to(ctx.dtype)
-    emb = F.embedding(blocks.input_ids.to(dev).reshape(-1), embed_weight)
+    emb = F.embedding(blocks.input_ids.to(dev, non_blocking=True).reshape(-1), embed_weight)
     out = drafter(emb, ctx, ctx_pos, block_pos, mask)
     return out.view(n, b, -1)
 

@@ -222,6 +222,32 @@ def _peak_mem(device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+class DeviceSpan:
+    """Seconds between two points of this process's work on a device, read after a later sync
+    without one of its own: CUDA events on the current stream; the wall clock on CPU."""
+
+    def __init__(self, device):
+        self.cuda = str(device).startswith("cuda")
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0, self.dt = time.perf_counter(), None
+
+    def stop(self) -> "DeviceSpan":
+        if self.cuda:
+            self.end.record()
+        else:
+            self.dt = time.perf_counter() - self.t0
+        return self
+
+    def seconds(self) -> float:
+        if self.cuda:
+            self.end.synchronize()
+            return self.start.elapsed_time(self.end) / 1e3
+        return self.dt
+
+
 def _sync(devices):
     for d in set(devices):
         if str(d).startswith("cuda"):
@@ -455,8 +481,8 @@ class Trainer:
     def micro_batch(self, epoch, index, idx, noise) -> dict | None:
         """Forward and backward of one micro-batch; returns its statistics (None: no anchors)."""
         a = self.args
-        f = self.feed.get((epoch, index), idx)
-        t0 = time.perf_counter()
+        f = self.feed.get((epoch, index), idx)  # the feeds leave the drafter's device idle
+        span = DeviceSpan(self.dev)
         seqs, masks = zip(*(self.data.seq(i) for i in idx), strict=True)
         gen = micro_batch_generator(a.seed, epoch, index)
         anchors = sample_anchors(list(masks), a.max_anchors, gen)
@@ -471,15 +497,17 @@ class Trainer:
             teacher = None
             if a.use_soft_labels:
                 tpos = torch.minimum(blocks.teacher_pos, (f.lengths[blocks.seq] - 1)[:, None])
-                teacher = f.last[blocks.seq.to(self.dev)[:, None], tpos.to(self.dev)]
-            loss, st = drafter_loss(student, teacher, self.lm_head_weight, blocks.labels.to(self.dev),
+                teacher = f.last[blocks.seq.to(self.dev, non_blocking=True)[:, None],
+                                 tpos.to(self.dev, non_blocking=True)]
+            loss, st = drafter_loss(student, teacher, self.lm_head_weight,
+                                    blocks.labels.to(self.dev, non_blocking=True),
                                     loss_fn=self.loss_fn, weighting=a.loss_weighting, streak_alpha=a.streak_alpha,
                                     decay_gamma=a.decay_gamma, use_soft_labels=a.use_soft_labels,
-                                    kl_temperature=a.kl_temperature, kl_weight=a.kl_weight)
+                                    kl_temperature=a.kl_temperature, kl_weight=a.kl_weight, host_stats=False)
         (loss / a.grad_accum).backward()
-        _sync([self.dev])
-        out.update(loss=float(loss.detach()), ce=st["ce"], kl=st["kl"], correct=st["correct"], count=st["count"],
-                   rows=blocks.input_ids.numel(), drafter_s=time.perf_counter() - t0)
+        # No host sync here: the statistics stay on the device until train_step reads them, once.
+        out.update(loss=loss.detach().double(), ce=st["ce"], kl=st["kl"], correct=st["correct"], count=st["count"],
+                   rows=blocks.input_ids.numel(), span=span.stop())
         return out
 
     def all_reduce_grads(self):
@@ -501,11 +529,13 @@ class Trainer:
         a = self.args
         noise = noise_at(self.step, self.total_steps, a.noise_start, a.noise_end)
         b1 = a.block_size - 1
-        # one vector of sums, all-reduced once per step: statistics for rank 0 and the stop flag
-        names = ("loss", "n_loss", "ce", "kl", "n_kl", "rows", "tokens", "target_s", "drafter_s", "wait_s",
-                 "occupancy", "n_occupancy", "stop")
+        # Host-side sums (what the host knows anyway) and device-side sums (what the loss computed),
+        # put in one vector that is all-reduced once per step (statistics for rank 0 and the stop
+        # flag) and read back once, after the optimizer step: nothing in the step waits on the host.
+        names = ("n_loss", "n_kl", "rows", "tokens", "target_s", "drafter_s", "wait_s", "occupancy", "n_occupancy",
+                 "stop")
         acc = dict.fromkeys(names, 0.0)
-        correct, count = torch.zeros(b1, dtype=torch.float64), torch.zeros(b1, dtype=torch.float64)
+        dev_sums, spans = None, []  # float64 [loss, ce, kl, correct x b1, count x b1]
         t_step = time.perf_counter()
         first = self.step * self.per_step
         for j in range(self.per_step):
@@ -520,32 +550,38 @@ class Trainer:
                 acc["occupancy"] += m["occupancy"]
                 acc["n_occupancy"] += 1
             if "loss" in m:
-                acc["loss"] += m["loss"]
                 acc["n_loss"] += 1
-                acc["ce"] += m["ce"]
                 acc["rows"] += m["rows"]
-                acc["drafter_s"] += m["drafter_s"]
-                if m["kl"] is not None:
-                    acc["kl"] += m["kl"]
+                spans.append(m["span"])
+                kl = m["kl"]
+                if kl is not None:
                     acc["n_kl"] += 1
-                correct += torch.tensor(m["correct"], dtype=torch.float64)
-                count += torch.tensor(m["count"], dtype=torch.float64)
+                else:
+                    kl = torch.zeros_like(m["ce"])
+                v = torch.cat([torch.stack([m["loss"], m["ce"], kl]), m["correct"].double(), m["count"].double()])
+                dev_sums = v if dev_sums is None else dev_sums + v
+        if dev_sums is None:
+            dev_sums = torch.zeros(3 + 2 * b1, dtype=torch.float64, device=self.dev)
+        cuda = self.dev.startswith("cuda")
+        reduce_span = None
         if self.r.world > 1:
             import torch.distributed as dist
 
-            t0 = time.perf_counter()
+            reduce_span = DeviceSpan(self.dev)
             self.all_reduce_grads()
+            # This rank's busy time joins the reduced vector: wait for the end of its backward only,
+            # while the gradient all-reduce queued behind it keeps the device busy.
+            acc["drafter_s"] = sum(sp.seconds() for sp in spans)
             # Stopping is decided together: one rank leaving the loop alone would hang the others
             # in their next all-reduce, so a local SIGTERM only counts once it has been reduced.
             acc["stop"] = float(self._local_stop())
-            vec = torch.tensor([acc[k] for k in names] + correct.tolist() + count.tolist(), dtype=torch.float64)
-            vec = vec.to(self.dev) if self.dev.startswith("cuda") else vec
+            host = torch.tensor([acc[k] for k in names], dtype=torch.float64)
+            host = host.pin_memory().to(self.dev, non_blocking=True) if cuda else host
+            vec = torch.cat([host, dev_sums])
             dist.all_reduce(vec)
-            vec = vec.cpu()
-            acc = dict(zip(names, vec[:len(names)].tolist(), strict=True))
-            correct, count = vec[len(names):len(names) + b1], vec[len(names) + b1:]
-            acc["drafter_s"] += (time.perf_counter() - t0) * self.r.world
-            self.stop_requested = acc["stop"] > 0
+            reduce_span.stop()
+        else:
+            vec = dev_sums
         gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(),
                                                a.grad_clip if a.grad_clip > 0 else float("inf"))
         lr = self.sched.get_last_lr()[0]
@@ -553,14 +589,27 @@ class Trainer:
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
+        # The one read of the step (it waits for the optimizer to finish).
+        vals = torch.cat([vec, gnorm.detach().reshape(1).to(vec)]).tolist()
+        grad_norm = vals.pop()
+        if self.r.world > 1:
+            acc = dict(zip(names, vals[:len(names)], strict=True))
+            vals = vals[len(names):]
+            self.stop_requested = acc["stop"] > 0
+        acc["loss"], acc["ce"], acc["kl"] = vals[:3]
+        correct, count = vals[3:3 + b1], vals[3 + b1:]
+        if self.r.world > 1:
+            acc["drafter_s"] += reduce_span.seconds() * self.r.world  # the all-reduces, as every rank spent them
+        else:
+            acc["drafter_s"] = sum(sp.seconds() for sp in spans)
         step_s = time.perf_counter() - t_step
-        accs = [(c / n).item() if n > 0 else float("nan") for c, n in zip(correct, count, strict=True)]
+        accs = [c / n if n > 0 else float("nan") for c, n in zip(correct, count, strict=True)]
         mean = lambda s, n: s / n if n else float("nan")  # noqa: E731
         n_t, n_d = self.r.n_targets, self.r.world
         return {
             "step": self.step, "epoch": round(self.epoch_float(), 4), "loss": mean(acc["loss"], acc["n_loss"]),
             "ce": mean(acc["ce"], acc["n_loss"]), "kl": mean(acc["kl"], acc["n_kl"]) if acc["n_kl"] else None,
-            "lr": lr, "noise": noise, "grad_norm": float(gnorm), "acc": accs, "accept_proxy": acceptance_proxy(accs),
+            "lr": lr, "noise": noise, "grad_norm": grad_norm, "acc": accs, "accept_proxy": acceptance_proxy(accs),
             "rows": int(acc["rows"]), "target_tokens": int(acc["tokens"]),
             # rates while busy, summed over workers: what each side can deliver (capacity)
             "target_tokens_per_s": acc["tokens"] * n_t / max(acc["target_s"], 1e-9),

@@ -12,7 +12,9 @@ import json
 import os
 import sys
 
-EX_CONFIG = 78
+from flashfleet.contract import messages
+
+EX_CONFIG = messages.EX_CONFIG
 
 
 class ConfigError(Exception):
@@ -23,7 +25,7 @@ class ConfigError(Exception):
         self.what, self.fix = what, fix
 
     def line(self) -> str:
-        return f"flashfleet-train: config error: {self.what} (fix: {self.fix})"
+        return messages.config_error(self.what, self.fix)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,11 +21,17 @@ help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
 
 # The controller venv: pinned Ansible, test tools and the trainer's CPU stack, then the project
-# itself (editable). Re-created when the lock changes.
+# itself (editable). uv, at the lock's own pin, makes the venv match the lock exactly (`uv pip
+# sync`: about 4x faster than pip here). torch's CPU build is a local version (+cpu) that PyPI
+# does not serve: it comes from pip's find-links (PIP_FIND_LINKS) where the machine has one.
+# Re-synced when the lock changes.
+UV_VERSION := $(shell sed -n 's/^uv==\([^ ]*\).*/\1/p' requirements/controller.lock)
+UV_FIND_LINKS := $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 $(VENV)/.installed: requirements/controller.lock pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/controller.lock
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip sync --quiet --python $(PY) $(UV_FIND_LINKS) requirements/controller.lock
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -e .
 	@touch $@
 venv: $(VENV)/.installed
 
@@ -68,7 +74,9 @@ molecule: venv image
 
 test-fast: lint pytest
 
-test: lint pytest molecule
+# Every stage in order, with a summary of each stage's time at the end (tests/stages.sh).
+test: venv image
+	bash tests/stages.sh
 
 # Re-resolve the locks after editing requirements/*.in (needs the registries; not part of CI).
 lock: venv

@@ -154,7 +154,7 @@ def test_attn_impl_choice_and_flag():
 
 
 def test_flex_on_a_cpu_drafter_is_a_config_error(trainer_argv):
-    from flashfleet_trainer.train import preflight
+    from flashfleet_trainer.preflight import preflight
 
     args = parse_args(trainer_argv("--attn-impl", "flex"))
     with pytest.raises(ConfigError, match="no backward on CPU"):
@@ -167,7 +167,7 @@ def test_flex_on_a_cpu_drafter_is_a_config_error(trainer_argv):
 def test_optimizer_state_resumes_across_fused_and_foreach(saver_fused, loader_fused):
     """A CUDA run's fused AdamW state resumes on a foreach optimizer and back (on CPU, where torch
     has both), keeping the loader's kernel, and continues exactly like an uninterrupted run."""
-    from flashfleet_trainer.train import load_optimizer_state
+    from flashfleet_trainer.trainer import load_optimizer_state
 
     def make(fused):
         torch.manual_seed(0)

@@ -1,9 +1,9 @@
-"""sd_notify datagrams on a real AF_UNIX socket, path and abstract."""
+"""sd_notify datagrams on a real AF_UNIX socket, path and abstract; the no-op notifier."""
 
 import os
 import socket
 
-from flashfleet_trainer import notify
+from flashfleet_trainer.notify import Notifier, NullNotifier
 
 
 def _recv_all(sock):
@@ -21,6 +21,7 @@ def test_messages_arrive_on_path_socket(tmp_path, monkeypatch):
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.bind(path)
         monkeypatch.setenv("NOTIFY_SOCKET", path)
+        notify = Notifier()
         assert notify.status("target 1/1 loaded")
         assert notify.ready()
         assert notify.watchdog()
@@ -36,12 +37,23 @@ def test_abstract_socket(monkeypatch):
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.bind("\0" + name)
         monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
-        assert notify.watchdog()
+        assert Notifier().watchdog()
         assert _recv_all(s) == ["WATCHDOG=1"]
 
 
 def test_noop_without_socket_and_never_raises(monkeypatch, tmp_path):
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-    assert notify.ready() is False
+    assert Notifier().ready() is False
     monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "nobody-listens"))
-    assert notify.watchdog() is False
+    assert Notifier().watchdog() is False
+
+
+def test_null_notifier_sends_nothing(tmp_path, monkeypatch):
+    path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.bind(path)
+        monkeypatch.setenv("NOTIFY_SOCKET", path)
+        null = Notifier.null()
+        assert isinstance(null, NullNotifier) and isinstance(null, Notifier)
+        assert not any([null.status("x"), null.ready(), null.watchdog(), null.stopping()])
+        assert _recv_all(s) == []

@@ -12,7 +12,7 @@ import pytest
 from flashfleet_trainer.checkpoint import complete_checkpoints, is_complete
 from flashfleet_trainer.cli import main
 from flashfleet_trainer.config import parse_args
-from flashfleet_trainer.train import run
+from flashfleet_trainer.launch import run
 from safetensors.torch import load_file
 
 METRIC_KEYS = {"step", "epoch", "time", "loss", "ce", "kl", "lr", "noise", "acc", "accept_proxy",
@@ -134,12 +134,12 @@ def test_sigterm_saves_and_exits_zero(trainer_argv, tmp_path):
 
 
 def test_runtime_crash_is_recorded_then_propagates(trainer_argv, tmp_path, monkeypatch):
-    from flashfleet_trainer import train
+    from flashfleet_trainer import trainer
 
     def boom(self):
         raise RuntimeError("synthetic failure in a step")
 
-    monkeypatch.setattr(train.Trainer, "train_step", boom)
+    monkeypatch.setattr(trainer.Trainer, "train_step", boom)
     out = tmp_path / "run"
     with pytest.raises(RuntimeError, match="synthetic"):
         main(trainer_argv("--max-steps", "2", out=out))

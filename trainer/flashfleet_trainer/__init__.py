@@ -5,11 +5,17 @@ Modules, in reading order:
   data        Parquet loading, deterministic shuffling, packing by token budget, anchor sampling
   model       the target's hidden-state producer and the DFlash drafter
   loss        the one loss entry point (fused kernel when present, plain torch otherwise), weights
-  checkpoint  atomic checkpoints with a manifest; resume picks the newest complete one
-  metrics     metrics.jsonl and status.json
-  notify      sd_notify over $NOTIFY_SOCKET
+  checkpoint  saving and loading atomic checkpoints (what "complete" means: flashfleet.contract)
+  metrics     the writers of metrics.jsonl and status.json (their format: flashfleet.contract)
+  notify      sd_notify over $NOTIFY_SOCKET (one Notifier type, with a no-op variant)
   wandb_compat  a version-checked wandb wrapper that fails at --check, not an hour in
-  train       the training loop;  cli  the console script;  evaluate  real acceptance length tau
+  preflight   everything --check validates, and the Plan a run starts from
+  feed        where a drafter rank's hidden states come from (in-process or a queue)
+  trainer     one drafter rank's training loop (Trainer), read top to bottom
+  topology    target and drafter processes, nodes, rendezvous, heartbeats
+  planner     --plan: measure both sides once and choose the split of a node's devices
+  launch      check / plan / one process / a node;  cli  the console script
+  evaluate    real acceptance length tau
   tiny        a tiny Qwen3 target and data set, so all of the above runs on a laptop CPU
 """
 

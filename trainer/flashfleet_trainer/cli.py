@@ -2,7 +2,8 @@
 
 0 = finished or stopped by SIGTERM after saving; 78 = configuration/start-up error, printed as
 ONE line on stderr (the unit does not restart on it); anything else propagates as a traceback
-(for the journal) after train.run has recorded it in status.json.
+(for the journal) after the rank (trainer.run_rank) has recorded it in status.json.
+What runs after parsing (check, plan, one process or a node) is launch.run's choice.
 """
 
 import sys
@@ -13,7 +14,7 @@ from .config import EX_CONFIG, ConfigError, parse_args
 def main(argv=None) -> int:
     try:
         args = parse_args(argv)
-        from .train import run  # heavy imports (torch, transformers) after argument parsing
+        from .launch import run  # heavy imports (torch, transformers) after argument parsing
 
         return run(args, log=lambda s: print(s, flush=True))
     except ConfigError as e:

@@ -1,99 +1,72 @@
 """metrics.jsonl (one record per optimizer step) and status.json (where the run stands now).
 
-status.json is what `diagnose` and `collect` read first, so it is always written atomically
-(temp file, fsync, rename): a reader never sees half a file, even after a crash or SIGKILL.
+What the two files hold, and how status.json is written atomically (a reader never sees half a
+file, even after SIGKILL), is the run's contract: `flashfleet.contract.status`, `.metrics` and
+`.layout`, which diagnose and collect read too. This file is the trainer's writer for both.
 """
 
-import datetime as dt
 import json
-import math
-import os
 import time
 from pathlib import Path
 
-PHASES = ("loading", "training", "saving", "completed", "failed", "stopped")
-
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write text to path via a temp file in the same directory, fsync, rename, fsync the dir."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _clean(value):
-    """JSON has no NaN/inf; write null so every line stays parseable by strict readers."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    return value
+from flashfleet.contract import layout, status
 
 
 class Status:
     """The run's status.json. Every update rewrites the whole (small) file atomically."""
 
-    def __init__(self, output_dir: Path, pid: int | None = None, keep: bool = False, adopt: tuple = ()):
-        """pid: the process systemd watches (the node's main process when ranks are children).
+    def __init__(self, output_dir: Path | None, pid: int | None = None, keep: bool = False, adopt: tuple = ()):
+        """output_dir: None keeps the status in memory only (drafter ranks other than 0, --plan).
+        pid: the process systemd watches (the node's main process when ranks are children).
         keep: start from the file on disk (a main process recording how its ranks ended).
         adopt: keys another process owns (the main process's `workers` table): carried over from
         the file on every update instead of being overwritten."""
-        self.path = Path(output_dir) / "status.json"
+        self.path = None if output_dir is None else Path(output_dir) / layout.STATUS
         self.adopt = adopt
-        self.state = {
-            "phase": "loading", "step": 0, "epoch": 0, "ready": False, "newest_checkpoint": None,
-            "last_error": None, "pid": pid or os.getpid(), "started": utc_now(), "updated": utc_now(),
-        }
-        if keep and self.path.is_file():
+        self.state = status.new(pid)
+        if keep and self.path is not None and self.path.is_file():
             try:
-                self.state.update(json.loads(self.path.read_text()))
-            except ValueError:
+                self.state.update(status.read(self.path))
+            except status.StatusError:
                 pass
 
     def update(self, **fields) -> None:
-        if "phase" in fields and fields["phase"] not in PHASES:
+        if "phase" in fields and fields["phase"] not in status.PHASES:
             raise ValueError(f"unknown phase {fields['phase']!r}")
         self.state.update(fields)
+        if self.path is None:
+            return
         if self.adopt and self.path.is_file():
             try:
-                disk = json.loads(self.path.read_text())
+                disk = status.read(self.path)
                 self.state.update({k: disk[k] for k in self.adopt if k in disk})
-            except ValueError:
+            except status.StatusError:
                 pass
-        self.state["updated"] = utc_now()
-        atomic_write_text(self.path, json.dumps(_clean(self.state), indent=1) + "\n")
+        status.write(self.path, self.state)
+
+    @classmethod
+    def null(cls) -> "Status":
+        """A Status kept in memory, never written."""
+        return cls(None)
 
 
 class MetricsLog:
     """Append-only metrics.jsonl; each line is flushed so `tail -f` and a crash both see it."""
 
-    def __init__(self, output_dir: Path):
-        self.path = Path(output_dir) / "metrics.jsonl"
-        self.file = open(self.path, "a")
+    def __init__(self, output_dir: Path | None):
+        """output_dir: None writes nothing (drafter ranks other than 0)."""
+        self.path = None if output_dir is None else Path(output_dir) / layout.METRICS
+        self.file = None if self.path is None else open(self.path, "a")
 
     def write(self, record: dict) -> None:
-        record = {"time": time.time(), **record}
-        self.file.write(json.dumps(_clean(record)) + "\n")
-        self.file.flush()
+        if self.file is not None:
+            self.file.write(json.dumps(status.clean({"time": time.time(), **record})) + "\n")
+            self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
+
+    @classmethod
+    def null(cls) -> "MetricsLog":
+        return cls(None)

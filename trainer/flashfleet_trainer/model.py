@@ -6,8 +6,9 @@ output). This is z-lab's convention. It is captured with forward hooks on the ch
 layers, so no other layer's activations are kept.
 
 The split between producer (target side) and drafter (consumer) is the seam for multi-process
-topologies: `HiddenStateProducer` runs in the drafter's process for the single-device case and
-inside each target worker process otherwise (topology.py); drafter ranks that hold no target
+topologies: `HiddenStateProducer` runs in the drafter's process for the single-device case
+(feed.InProcessFeed) and inside each target worker process otherwise (topology.py, answering a
+rank's feed.QueueFeed); drafter ranks that hold no target
 read the frozen embedding and LM head straight from the safetensors (`load_frozen_io`).
 
 Drafter architecture (dflash.md): concat of the chosen layers' features -> bias-free Linear
@@ -471,21 +472,6 @@ class HiddenStateProducer:
         feats = torch.cat([captured[i] for i in self.layer_ids], dim=-1)
         return feats.to(self.out_device), out.last_hidden_state.to(self.out_device)
 
-    def produce(self, seqs):
-        """A micro-batch of token arrays -> (features, last hidden, lengths), right-padded."""
-        lengths = torch.tensor([len(s) for s in seqs])
-        t = int(lengths.max())
-        ids = torch.zeros(len(seqs), t, dtype=torch.long)
-        attn = torch.zeros(len(seqs), t, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-            attn[i, : len(s)] = 1
-        feats, last = self.forward(ids, attn)
-        return feats, last, lengths
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.replicas[0][1].parameters())
-
 
 def load_frozen_io(model_dir, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(embedding weight, LM head weight) of the target, read from its safetensors shards only.
@@ -513,10 +499,6 @@ def load_frozen_io(model_dir, device, dtype) -> tuple[torch.Tensor, torch.Tensor
     if head is None:  # tie_word_embeddings
         head = embed
     return embed.to(device=device, dtype=dtype), head.to(device=device, dtype=dtype)
-
-
-def save_config(config: DrafterConfig, path) -> None:
-    Path(path).write_text(json.dumps(config.to_dict(), indent=1) + "\n")
 
 
 def load_drafter(checkpoint_dir, device="cpu") -> DFlashDrafter:

@@ -4,6 +4,10 @@ systemd passes an AF_UNIX datagram socket in $NOTIFY_SOCKET (a leading "@" means
 abstract namespace). Without the variable every call is a no-op, so the same code runs under
 systemd, in a terminal and in tests. Sending never raises: a vanished socket must not kill a
 training run.
+
+The trainer talks to one type, `Notifier` (status / ready / watchdog / stopping). This base class
+sends to systemd; `NullNotifier` sends nothing (drafter ranks other than a node's local rank 0);
+topology.py's `QueueNotifier` forwards to the node's main process, which sends for its children.
 """
 
 import os
@@ -26,18 +30,38 @@ def notify(*fields: str) -> bool:
         return False
 
 
-def status(text: str) -> bool:
-    """A one-line STATUS= shown by `systemctl status` (e.g. "target 3/7 loaded")."""
-    return notify("STATUS=" + text.replace("\n", " "))
+class Notifier:
+    """Where one process's service notifications go: here, straight to systemd."""
+
+    def status(self, text: str) -> bool:
+        """A one-line STATUS= shown by `systemctl status` (e.g. "target 3/7 loaded")."""
+        return notify("STATUS=" + text.replace("\n", " "))
+
+    def ready(self, text: str = "training") -> bool:
+        return notify("READY=1", "STATUS=" + text)
+
+    def watchdog(self) -> bool:
+        return notify("WATCHDOG=1")
+
+    def stopping(self) -> bool:
+        return notify("STOPPING=1")
+
+    @staticmethod
+    def null() -> "Notifier":
+        return NullNotifier()
 
 
-def ready(text: str = "training") -> bool:
-    return notify("READY=1", "STATUS=" + text)
+class NullNotifier(Notifier):
+    """Says nothing: a process whose notifications another one sends."""
 
+    def status(self, text: str) -> bool:
+        return False
 
-def watchdog() -> bool:
-    return notify("WATCHDOG=1")
+    def ready(self, text: str = "training") -> bool:
+        return False
 
+    def watchdog(self) -> bool:
+        return False
 
-def stopping() -> bool:
-    return notify("STOPPING=1")
+    def stopping(self) -> bool:
+        return False

@@ -18,10 +18,13 @@ NVLink node it is small next to either side's compute). The first step is a warm
 import copy
 import dataclasses
 
-from .train import InProcessFeed, NullStatus, Rank, Trainer
+from .feed import InProcessFeed
+from .metrics import Status
+from .preflight import Plan
+from .trainer import Rank, Trainer
 
 
-def node_devices(plan) -> list[str]:
+def node_devices(plan: Plan) -> list[str]:
     """The node's devices as the user listed them: distinct GPUs, or every `cpu` entry."""
     devs = plan.target_devices + plan.drafter_devices
     if all(d == "cpu" for d in devs):
@@ -40,14 +43,15 @@ def best_split(n: int, target_tok_s: float, drafter_rows_s: float, rows_per_toke
     return rows
 
 
-def run_plan(args, plan, log) -> int:
+def run_plan(args, plan: Plan, log) -> int:
+    """Measure one target and one drafter in this process, log the table and the best split. Writes nothing."""
     a = copy.copy(args)
     a.resume, a.max_steps, a.eval_num_prompts = "never", args.plan_steps + 1, 0
     one = dataclasses.replace(plan, target_devices=plan.target_devices[:1], drafter_devices=plan.drafter_devices[:1])
-    trainer = Trainer(a, one, NullStatus(), log=lambda s: None, rank=Rank())
+    trainer = Trainer(a, one, Status.null(), log=lambda s: None, rank=Rank())
     trainer.setup()
     assert isinstance(trainer.feed, InProcessFeed)
-    recs = [trainer.train_step() for _ in range(a.max_steps)][1:]
+    recs = [trainer.train_step() for _ in range(a.max_steps)][1:]  # the first step warms up (and compiles)
     tokens = sum(r["target_tokens"] for r in recs)
     rows = sum(r["rows"] for r in recs)
     rt = tokens / max(sum(r["target_s"] for r in recs), 1e-9)

@@ -4,10 +4,10 @@
       |- target worker i   one per --target-gpus entry: loads a target replica, serves requests
       |- drafter rank j    one per --drafter-gpus entry: a Trainer; ranks all-reduce gradients
 
-Hidden states. Each drafter rank asks for the micro-batches it will train on, up to
---queue-depth ahead, on ONE request queue that every target worker of the node takes from (so a
-free target always takes the next request, and faster targets do more). The answer comes back on
-the rank's own reply queue. Tensors travel as torch.multiprocessing handles, never as pickled
+Hidden states (the rank's side is feed.QueueFeed). Each drafter rank asks for the micro-batches
+it will train on, up to --queue-depth ahead, on ONE request queue that every target worker of
+the node takes from (so a free target always takes the next request, and faster targets do
+more). The answer comes back on the rank's own reply queue. Tensors travel as torch.multiprocessing handles, never as pickled
 data: CPU tensors as shared memory, CUDA tensors as CUDA IPC handles, which the rank copies
 device-to-device onto its own GPU. The queue is bounded by the number of outstanding requests.
 
@@ -24,6 +24,10 @@ others' records (a node killed outright records nothing, but its heartbeat stops
 earliest. A node that restarts while the run it belonged to is still under way does not join it:
 it says so and exits, and the units start again together. The main process exits last, after
 multiprocessing's resource tracker (see _end_resource_tracker).
+
+Notifications. Every sd_notify message goes out from the main process: local rank 0 forwards its
+own (QueueNotifier), the other ranks say nothing. The unit sets NotifyAccess=all, but one sender
+is what lets READY=1 wait until every local target worker has loaded too.
 
 Stopping. SIGTERM reaches every process of the unit's cgroup. Drafter ranks agree to stop in the
 step's all-reduce, rank 0 saves, all exit 0; target workers ignore SIGTERM and leave when the
@@ -45,11 +49,13 @@ import traceback
 
 import torch
 import torch.multiprocessing as mp
+from flashfleet.contract import messages
 
-from . import notify
 from .config import EX_CONFIG, ConfigError
+from .feed import QueueFeed
 from .metrics import Status
-from .train import Features, Rank, pad_batch, run_rank
+from .notify import Notifier
+from .trainer import Rank, run_rank
 
 HEARTBEAT_S = 1.0
 # Once something has failed, a peer whose heartbeat stood still this long is taken to be gone,
@@ -74,8 +80,9 @@ def _cpu_threads(n_procs: int):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, n_procs)))
 
 
-class QueueNotifier:
-    """sd_notify from a child must come from the main process (NotifyAccess=main): forward it."""
+class QueueNotifier(Notifier):
+    """Local rank 0's notifier: its messages become events that the node's main process sends on
+    (holding READY=1 back until every local target worker has loaded)."""
 
     def __init__(self, events):
         self.events = events
@@ -91,20 +98,6 @@ class QueueNotifier:
 
     def stopping(self):
         self.events.put(("stopping", ""))
-
-
-class NullNotifier:
-    def status(self, text):
-        pass
-
-    def ready(self, text="training"):
-        pass
-
-    def watchdog(self):
-        pass
-
-    def stopping(self):
-        pass
 
 
 # ---- target worker ---------------------------------------------------------------------------
@@ -138,44 +131,6 @@ def target_worker(index, device, args, layer_ids, want_last, requests, replies, 
         del feats, last
 
 
-class QueueFeed:
-    """A drafter rank's side of the queue: keeps `depth` requests outstanding, returns in order."""
-
-    def __init__(self, requests, replies, local_rank, depth, device):
-        self.requests, self.replies, self.local_rank = requests, replies, local_rank
-        self.depth, self.device = depth, device
-        self.ready, self.outstanding = {}, 0
-
-    def start(self, data, upcoming):
-        self.data, self.upcoming = data, upcoming
-        self._fill()
-
-    def _fill(self):
-        while self.outstanding < self.depth:
-            epoch, index, idx = next(self.upcoming)
-            ids, lengths = pad_batch(self.data, idx)
-            self.requests.put((self.local_rank, (epoch, index), ids, lengths))
-            self.outstanding += 1
-
-    def get(self, key, idx) -> Features:
-        t0 = time.perf_counter()
-        occupancy = min(1.0, (len(self.ready) + self.replies.qsize()) / self.depth)
-        while key not in self.ready:
-            k, feats, last, lengths, busy = self.replies.get()
-            self.ready[k] = (feats, last, lengths, busy)
-        feats, last, lengths, busy = self.ready.pop(key)
-        self.outstanding -= 1
-        self._fill()
-        feats = feats.to(self.device)  # device-to-device when the target sits on another GPU
-        last = last.to(self.device) if last is not None else None
-        if self.device != "cpu":
-            torch.cuda.synchronize(self.device)
-        return Features(feats, last, lengths, busy, time.perf_counter() - t0, occupancy)
-
-    def close(self):
-        pass
-
-
 # ---- drafter rank ----------------------------------------------------------------------------
 
 def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, requests, reply_q, events,
@@ -202,7 +157,7 @@ def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, req
                                     rank=rank, world_size=world, timeout=datetime.timedelta(hours=1))
         feed = QueueFeed(requests, reply_q, local_rank, depth, device)
         r = Rank(rank=rank, world=world, local_rank=local_rank, n_targets=n_targets,
-                 notifier=QueueNotifier(events) if local_rank == 0 else NullNotifier(), stop_event=stop_event,
+                 notifier=QueueNotifier(events) if local_rank == 0 else Notifier.null(), stop_event=stop_event,
                  main_pid=main_pid)
         log = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: print(f"[rank {rank}] {s}", flush=True))
         run_rank(args, plan, log, rank=r, feed=feed)
@@ -242,8 +197,15 @@ class Node:
         self.world = args.nnodes * self.D
         self.node = args.node_rank
         self.main = self.node == 0  # global rank 0 lives here: status.json is this node's to write
-        self.store = None
+        self.notifier = Notifier()  # sd_notify: this process speaks for its children (QueueNotifier)
+        self.status = None  # status.json, on node 0 (set in run)
+        self.store = None  # the c10d TCPStore (set in rendezvous; None for a single rank)
+        self.endpoint = None  # the rendezvous address (across nodes)
         self.beats = None  # once all have joined: {other node: (its last heartbeat seen, monotonic time seen)}
+        self.n_targets_total = self.T  # target workers in the whole run (rendezvous counts other nodes')
+        # Set in spawn: the queues and shared state every child gets, and the children themselves.
+        self.requests = self.events = self.stop = self.crashed_at = None
+        self.replies = []
         self.children = []  # (role, index, device, rank, process)
 
     # -- rendezvous --
@@ -347,14 +309,14 @@ class Node:
             self._beat()
             if self.store.check(["failed"]):
                 first = json.loads(self.store.get("failed"))
-                return f"node {self.node}: stopping, node {first['node']} went first: {first['msg']}"
+                return messages.went_first(self.node, first["node"], first["msg"])
             for i, wall in self._silent_nodes(self.args.node_timeout).items():
                 msg = f"node {i} stopped heartbeating {time.time() - wall:.0f}s ago (its process or host is gone)"
                 self._publish_failure(i, msg)
-                return f"node {self.node}: stopping, node {i} went first: {msg}"
+                return messages.went_first(self.node, i, msg)
         except Exception as e:
-            return (f"node {self.node}: stopping, node 0 went first: the rendezvous store at {self.endpoint} is gone "
-                    f"({str(e).splitlines()[0]})")
+            return messages.went_first(self.node, 0, f"the rendezvous store at {self.endpoint} is gone "
+                                                    f"({str(e).splitlines()[0]})")
         return None
 
     def _publish_failure(self, node, msg):
@@ -395,7 +357,7 @@ class Node:
                 self._wait_for_keys([f"named/{i}" for i in downs], BLAME_WAIT_S)
         except Exception:
             pass
-        return msg if first == self.node else f"{msg}; node {first} went first: {first_msg}"
+        return msg if first == self.node else messages.also_went_first(msg, first, first_msg)
 
     def watch(self) -> int:
         """Until the drafters finish (0), one fails (1 or 78), or another node does (1)."""
@@ -411,17 +373,17 @@ class Node:
                     break
                 if kind == "loaded":
                     loaded.add(value)
-                    notify.status(f"target {len(loaded)}/{self.T} loaded")
+                    self.notifier.status(f"target {len(loaded)}/{self.T} loaded")
                 elif kind == "status":
-                    notify.status(value)
+                    self.notifier.status(value)
                 elif kind == "ready":
                     ready_pending = value
                 elif kind == "watchdog":
-                    notify.watchdog()
+                    self.notifier.watchdog()
                 elif kind == "stopping":
-                    notify.stopping()
+                    self.notifier.stopping()
             if ready_pending and not ready_sent and len(loaded) == self.T:
-                notify.ready(ready_pending)  # every rank has joined and stepped, every target loaded
+                self.notifier.ready(ready_pending)  # every rank has joined and stepped, every target loaded
                 ready_sent = True
             for sentinel, (role, i, dev, rank, proc) in list(procs.items()):
                 code = proc.exitcode
@@ -479,12 +441,12 @@ class Node:
             msg = self._who_went_first(msg, at)
         if self.main:
             Status(self.args.output_dir, keep=True).update(phase="failed", last_error=msg)
-        print(f"flashfleet-train: error: {msg}", file=sys.stderr, flush=True)
+        print(messages.error(msg), file=sys.stderr, flush=True)
         return code
 
     def release(self):
         """Flush and close the queue this process wrote to (its feeder thread holds semaphores)."""
-        if hasattr(self, "requests"):
+        if self.requests is not None:
             self.requests.close()
             self.requests.join_thread()
 
@@ -500,11 +462,11 @@ class Node:
         stop_seen = []
 
         def on_term(*_):
-            if hasattr(self, "stop"):
+            if self.stop is not None:
                 self.stop.set()
             if not stop_seen:
                 stop_seen.append(1)
-                notify.stopping()
+                self.notifier.stopping()
                 self.log("stop requested: the drafter ranks finish the current step, rank 0 saves")
 
         signal.signal(signal.SIGTERM, on_term)
@@ -513,8 +475,7 @@ class Node:
             if self.main:
                 self.status = Status(self.args.output_dir)
                 self.status.update(phase="loading")
-            notify.status("rendezvous" if self.args.nnodes > 1 else "starting workers")
-            self.n_targets_total = self.T
+            self.notifier.status("rendezvous" if self.args.nnodes > 1 else "starting workers")
             try:
                 store_addr = self.rendezvous()
             except TopologyError as e:

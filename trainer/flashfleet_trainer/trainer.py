@@ -1,17 +1,20 @@
-"""The training loop: preflight, load, train, checkpoint, evaluate, with systemd and SIGTERM in mind.
+"""One drafter rank: the Trainer (load, train, checkpoint, evaluate) and run_rank around it.
 
-`preflight(args)` is everything `--check` validates; a real start runs exactly the same code
-first, so a deterministic start-up error is the same one-line ConfigError (exit 78) whether it
-is found by `--check` on the controller or by the unit on the host.
+Read top to bottom: the schedules, the data order and device timing, then `Rank` (where a
+Trainer sits in the run), then `Trainer`: __init__ (every attribute), setup (load), micro_batch / train_step (one
+optimizer step), save / evaluate, train (the loop); then run_rank, which owns the run's files.
 
 One `Trainer` is one drafter rank. With one target and one drafter on the same device it runs
-in the `dflash-train` process itself and calls the target in-line (`InProcessFeed`); otherwise
+in the `dflash-train` process itself and calls the target in-line (feed.InProcessFeed); otherwise
 topology.py starts target worker processes and drafter rank processes, and each rank's Trainer
-gets its hidden states from a `QueueFeed`. The data order does not depend on the topology: an
+gets its hidden states from a feed.QueueFeed. The data order does not depend on the topology: an
 optimizer step consumes `grad_accum x world` consecutive micro-batches of one global sequence,
 micro-batch g going to drafter rank g % world, and a micro-batch's anchors and noise come from a
 generator seeded by (seed, epoch, index). So 1 target + 1 drafter with --grad-accum 2 and
 2 targets + 2 drafters with --grad-accum 1 train on the same blocks with the same gradients.
+
+Only rank 0 writes status.json, metrics.jsonl, wandb and checkpoints; the other ranks get the
+no-op variants (Status.null(), MetricsLog.null()) and a notifier that says nothing.
 """
 
 import json
@@ -27,180 +30,21 @@ import numpy as np
 import torch
 
 from . import checkpoint as ckpt
-from . import notify, wandb_compat
-from .config import ConfigError, parse_devices
-from .data import build_blocks, check_schema, load_data, pack_epoch, sample_anchors
+from . import wandb_compat
+from .config import ConfigError
+from .data import build_blocks, load_data, pack_epoch, sample_anchors
 from .evaluate import load_prompts, speculative_tau
+from .feed import Feed, InProcessFeed
 from .loss import acceptance_proxy, drafter_loss, get_loss_fn
 from .metrics import MetricsLog, Status
-from .model import (
-    DFlashDrafter,
-    DrafterConfig,
-    HiddenStateProducer,
-    default_mask_token_id,
-    default_target_layers,
-    drafter_hidden,
-    flex_available,
-    load_frozen_io,
-    resolve_attn_impl,
-)
+from .model import DFlashDrafter, HiddenStateProducer, drafter_hidden, load_frozen_io, resolve_attn_impl
+from .notify import Notifier
+from .preflight import Plan
 
-
-@dataclass
-class Plan:
-    """What preflight found: the facts the trainer starts from."""
-
-    target_config: object  # transformers config (None in spawned ranks, which need only drafter_config)
-    layer_ids: list
-    mask_token_id: int
-    target_devices: list
-    drafter_devices: list
-    data_files: list
-    data_rows: int
-    wandb_settings: dict
-    summary: list
-    drafter_config: DrafterConfig = None
-    vocab_size: int = 0
-
-    @property
-    def drafter_device(self) -> str:
-        return self.drafter_devices[0]
-
-    def in_process(self, args) -> bool:
-        """One target and one drafter sharing a device on one node: no processes needed."""
-        return (args.nnodes == 1 and len(self.target_devices) == 1 and len(self.drafter_devices) == 1
-                and self.target_devices[0] == self.drafter_devices[0])
-
-
-def _mem_available_bytes() -> int:
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62
-
-
-def _model_bytes(model_dir: Path) -> int:
-    return sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) or \
-        sum(f.stat().st_size for f in model_dir.glob("*.bin"))
-
-
-def preflight(args) -> Plan:
-    """Validate paths, model config, data schema, devices, memory and wandb. Raises ConfigError."""
-    from transformers import AutoConfig
-
-    summary = []
-    model_dir = Path(args.target_model)
-    if not (model_dir / "config.json").is_file():
-        raise ConfigError(f"--target-model {model_dir}: no config.json there (not a local model directory)",
-                          "stage the model first and point --target-model at its directory")
-    try:
-        tcfg = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    except Exception as e:
-        raise ConfigError(f"--target-model {model_dir}: config.json not loadable ({str(e).splitlines()[0]})",
-                          "use a transformers model directory of a supported architecture") from e
-    if not _model_bytes(model_dir):
-        raise ConfigError(f"--target-model {model_dir}: no *.safetensors or *.bin weights", "stage the weights too")
-    for attr in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"):
-        if not hasattr(tcfg, attr):
-            raise ConfigError(f"target model type {tcfg.model_type!r} has no {attr}", "use a decoder-only LM (Qwen3 first)")
-    n_layers = tcfg.num_hidden_layers
-    if args.target_layers:
-        try:
-            layer_ids = [int(x) for x in str(args.target_layers).split(",") if x.strip()]
-        except ValueError as e:
-            raise ConfigError(f"--target-layers {args.target_layers!r} is not a list of integers", "e.g. 1,9,17,25,33") from e
-    else:
-        layer_ids = default_target_layers(n_layers, args.num_draft_layers)
-    if not layer_ids or min(layer_ids) < 0 or max(layer_ids) >= n_layers:
-        raise ConfigError(f"--target-layers {layer_ids} outside the target's decoder layers 0..{n_layers - 1}",
-                          "use 0-based decoder-layer indices")
-    mask_id = default_mask_token_id(tcfg.vocab_size) if args.mask_token_id is None else args.mask_token_id
-    if not 0 <= mask_id < tcfg.vocab_size:
-        raise ConfigError(f"--mask-token-id {mask_id} is not a row of the target's {tcfg.vocab_size}-row embedding",
-                          "pick a spare row of the target vocabulary")
-    summary.append(f"target {model_dir} ({tcfg.model_type}, {n_layers} layers, hidden {tcfg.hidden_size}, "
-                   f"vocab {tcfg.vocab_size}); features from decoder layers {layer_ids}; mask id {mask_id}")
-
-    files, rows = check_schema(args.data_dir)
-    summary.append(f"data {args.data_dir}: {len(files)} Parquet file(s), {rows} rows, schema ok")
-
-    target_devices = parse_devices(args.target_gpus, "--target-gpus")
-    drafter_devices = parse_devices(args.drafter_gpus, "--drafter-gpus")
-    if args.nnodes > 1 and "cpu" in drafter_devices and "cpu" not in target_devices:
-        raise ConfigError("--drafter-gpus cpu with GPU targets", "put targets and drafters on the same kind of device")
-    cuda = [d for d in target_devices + drafter_devices if d != "cpu"]
-    if cuda:
-        have = torch.cuda.device_count()
-        top = max(int(d.split(":")[1]) for d in cuda)
-        if top >= have:
-            raise ConfigError(f"GPU {top} requested (--target-gpus {args.target_gpus} --drafter-gpus "
-                              f"{args.drafter_gpus}) but {have} CUDA device(s) are visible",
-                              "request only visible GPUs, or `cpu` for both")
-    world = args.nnodes * len(drafter_devices)
-    summary.append(f"topology: {len(target_devices)} target worker(s) on {','.join(target_devices)}; "
-                   f"{len(drafter_devices)} drafter rank(s) on {','.join(drafter_devices)} per node; "
-                   f"{args.nnodes} node(s), {world} drafter rank(s) in all; "
-                   f"{args.grad_accum * world} micro-batches per optimizer step")
-
-    # Memory: target replicas in their compute dtype, drafter params + grads + AdamW state in fp32.
-    stored = _model_bytes(model_dir)
-    stored_per_param = 2 if "16" in str(getattr(tcfg, "dtype", None) or getattr(tcfg, "torch_dtype", "")) else 4
-    params = stored / stored_per_param
-    h, i_sz = tcfg.hidden_size, tcfg.intermediate_size
-    drafter_params = args.num_draft_layers * (4 * h * h + 3 * h * i_sz) + len(layer_ids) * h * h
-    replica = params * 2 * 1.1
-    for d in dict.fromkeys(d for d in target_devices if d != "cpu"):
-        total = torch.cuda.get_device_properties(int(d.split(":")[1])).total_memory
-        if replica > total:
-            raise ConfigError(f"one target replica needs about {replica / 2**30:.1f} GiB in bf16 but {d} has "
-                              f"{total / 2**30:.1f} GiB in all: a target that does not fit one GPU needs tensor "
-                              "parallelism or a serving engine, which this trainer does not do yet",
-                              "use GPUs with more memory or a smaller target")
-    need = {}
-    for d in target_devices:
-        need[d] = need.get(d, 0) + params * (4 if d == "cpu" else 2) * 1.1
-    for d in drafter_devices:
-        need[d] = need.get(d, 0) + drafter_params * 16
-    for d, b in need.items():
-        free = _mem_available_bytes() if d == "cpu" else torch.cuda.mem_get_info(int(d.split(":")[1]))[0]
-        if b > free:
-            raise ConfigError(f"{d} needs about {b / 2**30:.1f} GiB for weights and optimizer state but "
-                              f"{free / 2**30:.1f} GiB is free", "use more/larger GPUs or fewer draft layers")
-    summary.append(f"memory estimate: target {params / 1e6:.1f}M params, drafter ~{drafter_params / 1e6:.1f}M "
-                   "trainable; fits free memory (activations not counted)")
-
-    settings = wandb_compat.parse_settings(args.wandb_settings)
-    summary.append(wandb_compat.check(args.wandb_project, args.wandb_run_name, settings))
-    try:
-        get_loss_fn(args.loss_impl)
-    except ImportError as e:
-        raise ConfigError(f"--loss-impl triton but flashfleet_kernels is not importable ({e})",
-                          "install the kernels package or use --loss-impl auto") from e
-    attn = getattr(args, "attn_impl", "auto")
-    if attn == "flex" and "cpu" in drafter_devices:
-        raise ConfigError("--attn-impl flex on a CPU drafter: torch's flex_attention has no backward on CPU",
-                          "use --attn-impl auto or dense with --drafter-gpus cpu")
-    if attn == "flex" and not flex_available():
-        raise ConfigError(f"--attn-impl flex but torch {torch.__version__} has no flex_attention",
-                          "use --attn-impl auto or dense, or a torch with torch.nn.attention.flex_attention")
-    summary.append(f"drafter attention: {resolve_attn_impl(attn, drafter_devices[0])} (--attn-impl {attn})")
-
-    out = Path(args.output_dir)
-    probe = out  # the nearest existing ancestor decides whether the run can create its directory
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK):
-        raise ConfigError(f"--output-dir {out} is not writable", "create it or fix its ownership")
-    dcfg = DrafterConfig.from_target(tcfg, num_draft_layers=args.num_draft_layers, target_layer_ids=layer_ids,
-                                     block_size=args.block_size, mask_token_id=mask_id, target_model=args.target_model)
-    return Plan(tcfg, layer_ids, mask_id, target_devices, drafter_devices, files, rows, settings, summary, dcfg,
-                tcfg.vocab_size)
-
+# ---- schedules -----------------------------------------------------------------------------------
 
 def lr_lambda(total_steps: int, warmup_ratio: float):
+    """LR factor: linear warmup over warmup_ratio of the steps, then cosine decay to 0."""
     warmup = max(1, math.ceil(warmup_ratio * total_steps)) if warmup_ratio > 0 else 0
 
     def f(step):
@@ -215,6 +59,38 @@ def noise_at(step, total, start, end) -> float:
     """Cosine anneal from start (step 0) to end (last step)."""
     return end + (start - end) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, total))))
 
+
+# ---- the data order ------------------------------------------------------------------------------
+
+def micro_batch_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """Anchors and noise of micro-batch (epoch, index): a function of the data position alone,
+    so any rank may process any micro-batch and resume needs no generator state."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0]))
+
+
+class MicroBatches:
+    """The one global sequence of micro-batches: (epoch, index, sequence ids), epoch after epoch."""
+
+    def __init__(self, lengths, args):
+        self.lengths, self.args, self._cache = lengths, args, {}
+
+    def epoch(self, e: int) -> list[list[int]]:
+        if e not in self._cache:
+            a = self.args
+            self._cache = {e: pack_epoch(self.lengths, a.seed, e, a.token_budget, a.max_batch_size)}
+        return self._cache[e]
+
+    def iterate(self, epoch: int, index: int):
+        while True:
+            batches = self.epoch(epoch)
+            if index >= len(batches):
+                epoch, index = epoch + 1, 0
+                continue
+            yield epoch, index, batches[index]
+            index += 1
+
+
+# ---- device time, memory, optimizer state --------------------------------------------------------
 
 def _peak_mem(device) -> int:
     if str(device).startswith("cuda"):
@@ -248,12 +124,6 @@ class DeviceSpan:
         return self.dt
 
 
-def _sync(devices):
-    for d in set(devices):
-        if str(d).startswith("cuda"):
-            torch.cuda.synchronize(d)
-
-
 def load_optimizer_state(opt, saved: dict) -> None:
     """Load a saved optimizer state, keeping this optimizer's update kernel (fused on CUDA, foreach
     on CPU) rather than the saver's: load_state_dict would take the saved groups' flags, and
@@ -265,98 +135,7 @@ def load_optimizer_state(opt, saved: dict) -> None:
     opt.load_state_dict(saved)
 
 
-def micro_batch_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    """Anchors and noise of micro-batch (epoch, index): a function of the data position alone,
-    so any rank may process any micro-batch and resume needs no generator state."""
-    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0]))
-
-
-class MicroBatches:
-    """The one global sequence of micro-batches: (epoch, index, sequence ids), epoch after epoch."""
-
-    def __init__(self, lengths, args):
-        self.lengths, self.args, self._cache = lengths, args, {}
-
-    def epoch(self, e: int) -> list[list[int]]:
-        if e not in self._cache:
-            a = self.args
-            self._cache = {e: pack_epoch(self.lengths, a.seed, e, a.token_budget, a.max_batch_size)}
-        return self._cache[e]
-
-    def iterate(self, epoch: int, index: int):
-        while True:
-            batches = self.epoch(epoch)
-            if index >= len(batches):
-                epoch, index = epoch + 1, 0
-                continue
-            yield epoch, index, batches[index]
-            index += 1
-
-
-def pad_batch(data, idx):
-    """Token ids of micro-batch `idx`, right-padded: (ids [S, T] int64, lengths [S])."""
-    seqs = [data.seq(i)[0] for i in idx]
-    lengths = torch.tensor([len(s) for s in seqs])
-    ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-    return ids, lengths
-
-
-@dataclass
-class Features:
-    """One micro-batch of hidden states on the drafter's device, and what getting them cost."""
-
-    feats: torch.Tensor  # [S, T, n*H]
-    last: torch.Tensor | None  # [S, T, H] final normed hidden (soft labels)
-    lengths: torch.Tensor  # [S]
-    target_s: float  # seconds a target spent on it
-    wait_s: float  # seconds this drafter rank waited for it
-    occupancy: float | None = None  # fraction of the queue that was ready when asked (None in-process)
-
-
-class InProcessFeed:
-    """The target in the drafter's own process, called in-line: nothing overlaps, nothing to ship."""
-
-    def __init__(self, args, plan, device, log):
-        self.producer = HiddenStateProducer(args.target_model, plan.target_devices, plan.layer_ids, device,
-                                            on_status=log)
-        self.embed_weight, self.lm_head_weight = self.producer.embed_weight, self.producer.lm_head_weight
-        self.devices = plan.target_devices + [device]
-        self.data = None
-
-    def start(self, data, upcoming):
-        self.data = data
-
-    def get(self, key, idx) -> Features:
-        ids, lengths = pad_batch(self.data, idx)
-        t0 = time.perf_counter()
-        feats, last = self.producer.forward(ids, (torch.arange(ids.shape[1])[None] < lengths[:, None]).long())
-        _sync(self.devices)
-        dt = time.perf_counter() - t0
-        return Features(feats, last, lengths, dt, dt)
-
-    def close(self):
-        pass
-
-
-class NullStatus:
-    """status.json for ranks other than 0: they write nothing."""
-
-    def __init__(self):
-        self.state = {"ready": False}
-
-    def update(self, **fields):
-        self.state.update(fields)
-
-
-class NullMetrics:
-    def write(self, record):
-        pass
-
-    def close(self):
-        pass
-
+# ---- one drafter rank ------------------------------------------------------------------------
 
 @dataclass
 class Rank:
@@ -366,7 +145,7 @@ class Rank:
     world: int = 1
     local_rank: int = 0
     n_targets: int = 1  # target workers in the whole run (for rates and idle fractions)
-    notifier: object = notify  # sd_notify, or a forwarder to this node's main process
+    notifier: Notifier = field(default_factory=Notifier)  # sd_notify, a forwarder to the main process, or null
     stop_event: object = None  # set by the node's main process on SIGTERM
     main_pid: int = field(default_factory=os.getpid)
 
@@ -376,17 +155,33 @@ class Rank:
 
 
 class Trainer:
-    def __init__(self, args, plan: Plan, status: Status, log=print, rank: Rank | None = None, feed=None):
+    """One drafter rank. __init__ only records where it sits; setup() loads (target or frozen I/O,
+    data, drafter, optimizer, checkpoint); train() runs the loop."""
+
+    def __init__(self, args, plan: Plan, status: Status, log=print, rank: Rank | None = None,
+                 feed: Feed | None = None):
         self.args, self.plan, self.status, self.log = args, plan, status, log
         self.r = rank or Rank()
-        self.feed = feed
+        self.dev = plan.drafter_devices[self.r.local_rank]
+        self.dcfg = plan.drafter_config
+        self.per_step = args.grad_accum * self.r.world  # micro-batches per optimizer step, all ranks together
         self.out = Path(args.output_dir)
         self.ckpt_root = self.out / "checkpoints"
+        # Stopping: what this process saw, and what all ranks decided together (the same on every rank).
         self.stop_local = False  # SIGTERM (or the node's stop event) seen by this process
-        self.stop_requested = False  # the decision, the same on every rank: stop after this step
+        self.stop_requested = False  # stop after this step
+        # Position in the global sequence of micro-batches; resume() may move it.
         self.step = 0
         self.epoch, self.batch_index = 0, 0
-        self.producer = None
+        # Set by setup(). feed=None means the target is loaded in this process (InProcessFeed).
+        self.feed = feed
+        self.producer = None  # the in-process target (evaluation borrows one when there is none)
+        self.embed_weight = self.lm_head_weight = None  # the target's frozen embedding and LM head
+        self.data = self.stream = None  # the data set, and its MicroBatches
+        self.batches_per_epoch = self.total_steps = 0
+        self.drafter = self.opt = self.sched = None  # fp32 master weights, AdamW, LR schedule
+        self.loss_fn, self.loss_impl, self.attn_impl = None, None, None  # the resolved --loss-impl, --attn-impl
+        self.upcoming = None  # iterator over the global sequence from the current position
 
     def request_stop(self, *_):
         """SIGTERM: finish the current step, save, exit 0."""
@@ -402,7 +197,6 @@ class Trainer:
     # ---- setup -------------------------------------------------------------------------------
     def setup(self):
         a, p = self.args, self.plan
-        self.dev = p.drafter_devices[self.r.local_rank]
         if self.dev.startswith("cuda"):
             torch.cuda.set_device(self.dev)
         if self.feed is None:
@@ -417,10 +211,8 @@ class Trainer:
         self.data = load_data(a.data_dir, a.max_seq_len, p.vocab_size)
         self.stream = MicroBatches(self.data.lengths, a)
         self.batches_per_epoch = len(self.stream.epoch(0))
-        self.per_step = a.grad_accum * self.r.world  # micro-batches per optimizer step, all ranks together
         by_epochs = max(1, int(a.epochs * self.batches_per_epoch) // self.per_step)
         self.total_steps = a.max_steps if a.max_steps else by_epochs
-        self.dcfg = p.drafter_config
         torch.manual_seed(a.seed)  # the same initial drafter on every rank and in every topology
         self.drafter = DFlashDrafter(self.dcfg).to(self.dev)  # fp32 master weights
         # fused: one kernel for the whole update on CUDA (the same AdamW); the CPU keeps foreach
@@ -700,18 +492,19 @@ class Trainer:
         return "completed"
 
 
-def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None, feed=None) -> str:
+def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None, feed: Feed | None = None) -> str:
     """Set up and train one drafter rank; rank 0 owns status.json, metrics.jsonl, wandb and checkpoints.
 
     Returns the final phase. Errors are recorded in status.json (rank 0) and re-raised.
     """
     r = rank or Rank()
     out = Path(args.output_dir)
-    status = NullStatus()
     if r.is_main:
+        # pid: the process systemd watches; a main process of its own owns status.json's `workers`
         status = Status(out, pid=r.main_pid, adopt=("workers",) if r.main_pid != os.getpid() else ())
-    if r.is_main:
         status.update(phase="loading")
+    else:
+        status = Status.null()
     trainer = Trainer(args, plan, status, log, r, feed)
     previous = signal.signal(signal.SIGTERM, trainer.request_stop)
     metrics = wandb_run = None
@@ -723,7 +516,7 @@ def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None
             wandb_run = wandb_compat.WandbRun(args.wandb_project, args.wandb_run_name, plan.wandb_settings,
                                               vars(args), out)
         else:
-            metrics, wandb_run = NullMetrics(), None
+            metrics, wandb_run = MetricsLog.null(), None
         phase = trainer.train(metrics, wandb_run, on_step)
         status.update(phase=phase, step=trainer.step, epoch=trainer.epoch)
         if wandb_run is not None:
@@ -740,24 +533,3 @@ def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None
         if metrics is not None:
             metrics.close()
         signal.signal(signal.SIGTERM, previous)
-
-
-def run(args, log=print, on_step=None) -> int:
-    """Preflight, then --check, --plan, or train. ConfigError propagates (the CLI turns it into exit 78)."""
-    plan = preflight(args)
-    if args.check:
-        for line in plan.summary:
-            log("check: " + line)
-        log("check: ok")
-        return 0
-    if args.plan:
-        from .planner import run_plan
-
-        return run_plan(args, plan, log)
-    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-    if plan.in_process(args):
-        run_rank(args, plan, log, on_step)
-        return 0
-    from .topology import supervise
-
-    return supervise(args, plan, log)

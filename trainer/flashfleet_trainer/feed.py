@@ -1,0 +1,134 @@
+"""Where a drafter rank's hidden states come from: the Feed interface and its two implementations.
+
+A Feed turns micro-batches (lists of sequence ids) into target hidden states on the drafter's
+device. The Trainer calls, in this order:
+
+    feed.start(data, upcoming)   once, after resume: `data` is the loaded data set, `upcoming`
+                                 an iterator over (epoch, index, sequence ids) of exactly the
+                                 micro-batches this rank will ask for, in order (for prefetching)
+    feed.get(key, idx)           once per micro-batch, key = (epoch, index), idx = its sequence
+                                 ids, in the order of `upcoming`: returns its Features
+    feed.close()                 once, when the rank has finished training
+
+InProcessFeed: the target lives in the drafter's own process and is called in-line, one
+micro-batch at a time (one node, one target, one drafter, same device).
+QueueFeed: the target workers are other processes of the node (topology.py); the rank keeps
+--queue-depth requests outstanding on the node's request queue and reads answers from its own.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .model import HiddenStateProducer
+
+
+@dataclass
+class Features:
+    """One micro-batch of hidden states on the drafter's device, and what getting them cost."""
+
+    feats: torch.Tensor  # [S, T, n*H]
+    last: torch.Tensor | None  # [S, T, H] final normed hidden (soft labels)
+    lengths: torch.Tensor  # [S]
+    target_s: float  # seconds a target spent on it
+    wait_s: float  # seconds this drafter rank waited for it
+    occupancy: float | None = None  # fraction of the queue that was ready when asked (None in-process)
+
+
+class Feed(Protocol):
+    """The interface in the module docstring; InProcessFeed and QueueFeed implement it."""
+
+    def start(self, data, upcoming) -> None: ...
+
+    def get(self, key, idx) -> Features: ...
+
+    def close(self) -> None: ...
+
+
+def pad_batch(data, idx):
+    """Token ids of micro-batch `idx`, right-padded: (ids [S, T] int64, lengths [S])."""
+    seqs = [data.seq(i)[0] for i in idx]
+    lengths = torch.tensor([len(s) for s in seqs])
+    ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    return ids, lengths
+
+
+def _sync(devices):
+    for d in set(devices):
+        if str(d).startswith("cuda"):
+            torch.cuda.synchronize(d)
+
+
+class InProcessFeed(Feed):
+    """The target in the drafter's own process, called in-line: nothing overlaps, nothing to ship.
+
+    It also hands the Trainer the target's embedding and LM head (`embed_weight`, `lm_head_weight`)
+    and the producer itself (evaluation reuses it), so the target is loaded once."""
+
+    def __init__(self, args, plan, device, log):
+        self.producer = HiddenStateProducer(args.target_model, plan.target_devices, plan.layer_ids, device,
+                                            on_status=log)
+        self.embed_weight, self.lm_head_weight = self.producer.embed_weight, self.producer.lm_head_weight
+        self.devices = plan.target_devices + [device]
+        self.data = None  # set by start()
+
+    def start(self, data, upcoming):
+        self.data = data  # nothing to prefetch: `upcoming` is not needed
+
+    def get(self, key, idx) -> Features:
+        ids, lengths = pad_batch(self.data, idx)
+        t0 = time.perf_counter()
+        feats, last = self.producer.forward(ids, (torch.arange(ids.shape[1])[None] < lengths[:, None]).long())
+        _sync(self.devices)
+        dt = time.perf_counter() - t0
+        return Features(feats, last, lengths, dt, dt)
+
+    def close(self):
+        pass
+
+
+class QueueFeed(Feed):
+    """A drafter rank's side of the node's queues: keeps `depth` requests outstanding, returns in order.
+
+    requests: the node's one request queue, shared by every target worker and drafter rank;
+    replies: this rank's own reply queue. A request is (local_rank, key, ids, lengths); a reply is
+    (key, feats, last, lengths, target seconds), tensors as torch.multiprocessing handles."""
+
+    def __init__(self, requests, replies, local_rank, depth, device):
+        self.requests, self.replies, self.local_rank = requests, replies, local_rank
+        self.depth, self.device = depth, device
+        self.ready, self.outstanding = {}, 0  # replies that came before they were asked for; requests in flight
+        self.data = self.upcoming = None  # set by start()
+
+    def start(self, data, upcoming):
+        self.data, self.upcoming = data, upcoming
+        self._fill()
+
+    def _fill(self):
+        while self.outstanding < self.depth:
+            epoch, index, idx = next(self.upcoming)
+            ids, lengths = pad_batch(self.data, idx)
+            self.requests.put((self.local_rank, (epoch, index), ids, lengths))
+            self.outstanding += 1
+
+    def get(self, key, idx) -> Features:
+        t0 = time.perf_counter()
+        occupancy = min(1.0, (len(self.ready) + self.replies.qsize()) / self.depth)
+        while key not in self.ready:  # faster targets answer out of order
+            k, feats, last, lengths, busy = self.replies.get()
+            self.ready[k] = (feats, last, lengths, busy)
+        feats, last, lengths, busy = self.ready.pop(key)
+        self.outstanding -= 1
+        self._fill()
+        feats = feats.to(self.device)  # device-to-device when the target sits on another GPU
+        last = last.to(self.device) if last is not None else None
+        if self.device != "cpu":
+            torch.cuda.synchronize(self.device)
+        return Features(feats, last, lengths, busy, time.perf_counter() - t0, occupancy)
+
+    def close(self):
+        pass

@@ -1,0 +1,32 @@
+"""What one `dflash-train` does after parsing: check, plan, train in this process, or run a node.
+
+    preflight   always first (preflight.py): the same checks for --check and for a real start
+    --check     print what preflight found, exit 0
+    --plan      measure one target and one drafter, print the best split of the node (planner.py)
+    otherwise   one target + one drafter on one device: this process is the one rank (trainer.py);
+                anything else: this process starts and watches the node's workers (topology.py)
+"""
+
+from pathlib import Path
+
+from .planner import run_plan
+from .preflight import preflight
+from .topology import supervise
+from .trainer import run_rank
+
+
+def run(args, log=print, on_step=None) -> int:
+    """Preflight, then --check, --plan, or train. ConfigError propagates (the CLI turns it into exit 78)."""
+    plan = preflight(args)
+    if args.check:
+        for line in plan.summary:
+            log("check: " + line)
+        log("check: ok")
+        return 0
+    if args.plan:
+        return run_plan(args, plan, log)
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    if plan.in_process(args):
+        run_rank(args, plan, log, on_step)
+        return 0
+    return supervise(args, plan, log)

@@ -1,13 +1,15 @@
-#!/usr/bin/env python3
-"""Turn one host's evidence (the JSON written by the flashfleet_evidence module) into a verdict.
+"""Turn one host's evidence (the JSON the flashfleet_evidence module gathers, flashfleet.evidence)
+into a verdict.
 
-Pure Python, standard library only, no Ansible import: the role's filter plugin loads this file
-on the controller, and a user can run it offline on evidence that diagnose.yml or collect.yml
-brought home:
+Standard library only, no Ansible import: the role's filter plugin imports it on the controller
+(`from flashfleet import classify`), and a user runs it offline on evidence that diagnose.yml or
+collect.yml brought home:
 
-    python3 roles/run_diagnosis/files/flashfleet_classify.py runs/v2/gpu01/evidence.json
-    python3 roles/run_diagnosis/files/flashfleet_classify.py runs/v2          # every host
-    python3 roles/run_diagnosis/files/flashfleet_classify.py --json runs/v2/gpu01/evidence.json
+    flashfleet-classify runs/v2/gpu01/evidence.json
+    flashfleet-classify runs/v2                        # every host
+    flashfleet-classify --json runs/v2/gpu01/evidence.json
+
+(`python -m flashfleet.classify ...` is the same without the console script.)
 
 Rules (see docs/diagnosis.md): one verdict per host, the most specific one the evidence proves,
 with the lines that prove it and a next step.
@@ -28,6 +30,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from .contract import layout, messages
+
 SCHEMA = 1
 
 VERDICTS = (
@@ -46,7 +50,6 @@ SIGNAL_NAMES = {1: "HUP", 2: "INT", 3: "QUIT", 4: "ILL", 5: "TRAP", 6: "ABRT", 7
                 9: "KILL", 11: "SEGV", 13: "PIPE", 14: "ALRM", 15: "TERM", 31: "SYS"}
 SIGNAL_NUMBERS = {name: num for num, name in SIGNAL_NAMES.items()}
 
-CONFIG_ERROR_STATUS = 78
 KERNEL_AFTER_EXIT_S = 30.0
 KERNEL_BEFORE_START_S = 5.0
 OOM_TIME_TIE_S = 10.0
@@ -70,9 +73,6 @@ RE_MAIN_EXIT = re.compile(r"Main process exited, code=(?P<code>\w+), status=(?P<
 RE_RESULT = re.compile(r"Failed with result '(?P<result>[\w-]+)'")
 RE_EXCEPTION = re.compile(
     r"^(?P<name>(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning))(?::\s?(?P<text>.*))?$")
-RE_CONFIG_ERROR = re.compile(r"flashfleet-train: config error: .*")
-# The trainer's last line when another node of a multi-node run failed first (topology.py).
-RE_PEER_FAILURE = re.compile(r"flashfleet-train: error: .*node \d+ went first: ")
 RE_TORCH_SHORT_WRITE = re.compile(r"inline_container\.cc.*unexpected pos|PytorchStreamWriter failed writing|file write failed")
 NEARLY_FULL_BYTES = 64 * 2**20
 NEARLY_FULL_FRACTION = 0.01
@@ -421,7 +421,7 @@ class Finding:
 def classify(evidence: dict) -> dict:
     """The diagnosis of one host: verdict, one-line reason, proving lines, next step, and facts."""
     run = evidence.get("run") or "?"
-    unit = evidence.get("unit") or f"flashfleet-train@{run}.service"
+    unit = evidence.get("unit") or layout.unit_name(run)
     props = ((evidence.get("unit_props") or {}).get("properties")) or {}
     journal = evidence.get("journal") or {}
     status = ((evidence.get("status") or {}).get("data")) or {}
@@ -740,9 +740,10 @@ def _cause(evidence, run, unit, props, status, inv, facts, ooms, xids, app, kern
                        f"on a full filesystem{free}", base + [jline(*hit)])
     # A multi-node run's trainer says when another node went first (docs/trainer.md): this host's
     # ranks failed because that one did, whatever exception their collectives raised.
-    hit = _grep(app, RE_PEER_FAILURE)
+    hit = _grep(app, messages.PEER_FAILURE_RE)
     if hit:
-        account = hit[1].strip().removeprefix("flashfleet-train: error:").strip()
+        line = hit[1].strip()
+        account = line[line.index(messages.ERROR_PREFIX) + len(messages.ERROR_PREFIX):].strip()
         return Finding("peer-failure", account[:300], base + [jline(*hit)])
     hit = _grep(app, r"Watchdog caught collective operation timeout")
     if hit:
@@ -753,10 +754,10 @@ def _cause(evidence, run, unit, props, status, inv, facts, ooms, xids, app, kern
         return Finding("watchdog-hang", "no WATCHDOG=1 within WatchdogSec: systemd killed the hung trainer"
                        + (f" (last output: {app[-1][1].strip()[:120]})" if app else ""), proof + tail)
 
-    # 4. The trainer's deterministic config error (exit 78, one stderr line).
-    hit = _grep(app, RE_CONFIG_ERROR)
-    if hit or (code == "exited" and sig == CONFIG_ERROR_STATUS):
-        text = hit[1].strip() if hit else f"exit status {CONFIG_ERROR_STATUS} (config error)"
+    # 4. The trainer's deterministic config error (exit EX_CONFIG, one stderr line).
+    hit = _grep(app, messages.CONFIG_ERROR_RE)
+    if hit or (code == "exited" and sig == messages.EX_CONFIG):
+        text = hit[1].strip() if hit else f"exit status {messages.EX_CONFIG} (config error)"
         return Finding("crash", text, base + ([jline(*hit)] if hit else []),
                        "fix the run configuration as the message says, then train.yml", kind="config-error")
 

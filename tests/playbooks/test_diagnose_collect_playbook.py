@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import struct
 import sys
 from pathlib import Path
 
 import pytest
+from flashfleet.contract import checkpoint
 
 from tests.conftest import ROOT
 
@@ -15,10 +17,13 @@ pytest.importorskip("matplotlib")
 
 def _host_output(tmp_path: Path) -> Path:
     out = tmp_path / "host-out"
-    ck = out / "checkpoints" / "step-00000002"
+    ck = out / "checkpoints" / "step-00000002"  # a complete checkpoint, as the trainer writes one
     ck.mkdir(parents=True)
-    (ck / "w.bin").write_bytes(b"x" * 100)
-    (ck / "manifest.json").write_text(json.dumps({"files": [{"name": "w.bin", "size": 100, "sha256": "-"}]}))
+    header = json.dumps({"w": {"dtype": "F32", "shape": [25], "data_offsets": [0, 100]}}).encode()
+    (ck / checkpoint.WEIGHTS).write_bytes(struct.pack("<Q", len(header)) + header + b"x" * 100)
+    (ck / checkpoint.CONFIG).write_text("{}")
+    (ck / checkpoint.STATE).write_bytes(b"s" * 10)
+    checkpoint.write_manifest(str(ck), 2)
     (out / "status.json").write_text(json.dumps({"phase": "training", "step": 2, "ready": True}))
     (out / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "loss": 2.0 / s, "ce": 1.5 / s, "kl": 0.5 / s, "lr": 1e-4 * s, "noise": 0.1,
@@ -48,7 +53,7 @@ def test_collect_fetches_then_adds_only_new(tmp_path, run_playbook):
     for name in ("metrics.jsonl", "status.json", "journal.json", "diagnosis.json", "evidence.json",
                  "checkpoints/step-00000002/manifest.json"):
         assert (home / name).is_file(), name
-    assert not (home / "checkpoints" / "step-00000002" / "w.bin").exists(), "checkpoints only on request"
+    assert not (home / "checkpoints" / "step-00000002" / checkpoint.WEIGHTS).exists(), "checkpoints only on request"
     report = (tmp_path / "runs" / "v2" / "report.html").read_text()
     assert report.count("data:image/png;base64,") >= 5
     c1 = _changed(first)

@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from flashfleet import classify as fc
+from flashfleet.contract import messages
 
-from tests.conftest import ROOT, load_file
+from tests.conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "evidence"
-CLASSIFY = ROOT / "roles" / "run_diagnosis" / "files" / "flashfleet_classify.py"
-
-
-def _load():
-    return load_file(CLASSIFY, "flashfleet_classify")
-
-
-fc = _load()
+PACKAGE = ROOT / "module_utils" / "flashfleet"
+CLASSIFY = PACKAGE / "classify.py"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 
 
@@ -52,6 +50,29 @@ def test_every_verdict_has_a_fixture():
 def test_no_ansible_import():
     text = CLASSIFY.read_text()
     assert "import ansible" not in text and "from ansible" not in text
+    # nothing in the package imports Ansible: the controller and the trainer import it without it
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            assert not any(n == "ansible" or n.startswith("ansible.") for n in names), path
+
+
+def test_the_classifier_matches_the_trainers_messages():
+    """The config-error and peer-failure lines come from the contract the trainer prints from."""
+    ev = evidence("handbuilt/init-crash-config.json")
+    for e in ev["journal"]["entries"]:
+        if "config error" in fc.message(e):
+            e["MESSAGE"] = messages.config_error("--max-seq-len 0 is not positive", "give a positive length")
+    out = fc.classify(ev)
+    assert out["verdict"] == "init-crash" and out["cause"]["kind"] == "config-error"
+    assert "--max-seq-len 0" in out["reason"]
+    ev = evidence("handbuilt/crash.json")
+    line = messages.also_went_first(messages.error("node 0: drafter rank 0 exited with code 1"), 1, "node 1 stopped")
+    ev["journal"]["entries"].insert(-2, dict(ev["journal"]["entries"][-3], MESSAGE=line))
+    out = fc.classify(ev)
+    assert out["verdict"] == "peer-failure" and out["reason"].startswith("node 0: drafter rank 0 exited")
+    assert "node 1 went first: node 1 stopped" in out["reason"]
 
 
 # --- the ambiguous cases of issue 6, as pairs on the same evidence --------------------------
@@ -162,11 +183,16 @@ def test_cli_prints_table_and_json(tmp_path):
     for host, fx in (("gpu01", "cuda-oom"), ("gpu02", "running")):
         (run / host).mkdir(parents=True)
         (run / host / "evidence.json").write_text((FIXTURES / "handbuilt" / f"{fx}.json").read_text())
-    res = subprocess.run([sys.executable, str(CLASSIFY), str(run)], capture_output=True, text=True, check=True)
-    assert "cuda-oom" in res.stdout and "running" in res.stdout and "host" in res.stdout.splitlines()[0]
-    res = subprocess.run([sys.executable, str(CLASSIFY), "--json", str(run / "gpu01" / "evidence.json")],
-                         capture_output=True, text=True, check=True)
-    assert json.loads(res.stdout)["verdict"] == "cuda-oom"
+    commands = [[sys.executable, "-m", "flashfleet.classify"]]
+    script = Path(sys.executable).parent / "flashfleet-classify"  # the console script, where installed
+    if script.exists():
+        commands.append([str(script)])
+    for cmd in commands:
+        res = subprocess.run([*cmd, str(run)], capture_output=True, text=True, check=True)
+        assert "cuda-oom" in res.stdout and "running" in res.stdout and "host" in res.stdout.splitlines()[0]
+        res = subprocess.run([*cmd, "--json", str(run / "gpu01" / "evidence.json")],
+                             capture_output=True, text=True, check=True)
+        assert json.loads(res.stdout)["verdict"] == "cuda-oom"
 
 
 def test_status_times_as_the_trainer_writes_them():

@@ -1,4 +1,6 @@
-"""The evidence module's parsers on recorded text, and gather() end to end against stub commands."""
+"""The evidence gatherer (flashfleet.evidence, the flashfleet_evidence module's logic): its parsers
+on recorded text, what the contract decides for it (checkpoints, locks), and gather() end to end
+against stub commands."""
 
 from __future__ import annotations
 
@@ -9,16 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import ROOT, load_file
-
-
-def _load(name, path):
-    return load_file(path, name)
-
-
-fe = _load("flashfleet_evidence", ROOT / "roles/run_diagnosis/library/flashfleet_evidence.py")
-fc = _load("flashfleet_classify", ROOT / "roles/run_diagnosis/files/flashfleet_classify.py")
+from flashfleet import classify as fc
+from flashfleet import evidence as fe
+from flashfleet.contract import checkpoint, locks
 
 # systemd 252, `systemctl show -p ... --timestamp=unix` after `kill -9` of the main process
 SYSTEMCTL_SHOW = """Type=notify
@@ -106,11 +101,36 @@ def test_parse_dmesg_lines():
 def test_parse_lock_and_drift():
     lock = ("# locked by uv\nwandb==0.31.0 \\\n    --hash=sha256:abc\npydantic==2.14.4  # via wandb\n"
             "torch==2.13.0+cpu ; sys_platform == 'linux'\nuvicorn[standard]==0.30.0\n-e .\n")
-    pins = fe.parse_lock(lock)
+    pins = locks.parse(lock)
     assert pins == {"wandb": "0.31.0", "pydantic": "2.14.4", "torch": "2.13.0+cpu", "uvicorn": "0.30.0"}
-    drift, missing = fe.compare_versions(pins, {"wandb": "0.27.0", "Pydantic": "2.14.4", "torch": "2.13.0"})
+    drift, missing, unlocked = fe.venv_drift(pins, {"wandb": "0.27.0", "Pydantic": "2.14.4", "torch": "2.13.0+cpu",
+                                                    "pip": "25.0"})
     assert drift == [{"name": "wandb", "locked": "0.31.0", "installed": "0.27.0"}]
     assert missing == ["uvicorn"]
+    assert unlocked == ["pip"]
+
+
+def test_a_local_version_pin_compares_per_pep_440():
+    """`==2.13.0+cpu` wants exactly that build; `==2.13.0` accepts any local build of 2.13.0."""
+    pins = locks.parse("torch==2.13.0+cpu\nnumpy==2.3.1\n")
+    drift, missing, _ = fe.venv_drift(pins, {"torch": "2.13.0", "numpy": "2.3.1+local"})
+    assert drift == [{"name": "torch", "locked": "2.13.0+cpu", "installed": "2.13.0"}] and missing == []
+    drift, _, _ = fe.venv_drift(pins, {"torch": "2.13.0+cu128", "numpy": "2.3.1"})
+    assert drift == [{"name": "torch", "locked": "2.13.0+cpu", "installed": "2.13.0+cu128"}]
+    assert fe.venv_drift(pins, {"torch": "2.13.0+cpu", "numpy": "2.3.1"})[0] == []
+
+
+def test_a_lock_that_does_not_parse_is_a_recorded_problem(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    lock = venv / "flashfleet.lock"
+    lock.write_text("wandb==0.31.0\nwandb>=0.30\n")
+    out = fe.gather_venv(fe.Host(), str(venv), str(lock))
+    assert out["readable"] is False and out["drift"] == [] and out["checked"] == 0
+    assert str(lock) in out["error"] and "line 2" in out["error"] and "wandb>=0.30" in out["error"]
+    lock.write_text("# nothing pinned\n")
+    assert "no pins" in fe.gather_venv(fe.Host(), str(venv), str(lock))["error"]
 
 
 def test_memory_events_and_nvidia_smi():
@@ -126,24 +146,65 @@ def _safetensors(path: Path, data_len: int, claimed: int | None = None):
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * data_len)
 
 
+def _checkpoint(d: Path, step: int, data_len: int = 64, claimed: int | None = None, sums: str | None = "x"):
+    """A checkpoint as the trainer writes it (checkpoint.write_manifest); `sums` replaces the
+    manifest's sha256 values (sizes stay right), None keeps the real ones."""
+    d.mkdir(parents=True)
+    _safetensors(d / checkpoint.WEIGHTS, data_len, claimed)
+    (d / checkpoint.CONFIG).write_text('{"block_size": 4}')
+    (d / checkpoint.STATE).write_bytes(b"state" * 10)
+    manifest = checkpoint.write_manifest(str(d), step)
+    if sums is not None:
+        for entry in manifest["files"].values():
+            entry["sha256"] = sums
+        (d / checkpoint.MANIFEST).write_text(json.dumps(manifest))
+
+
 def test_checkpoint_state(tmp_path):
     ck = tmp_path / "checkpoints"
     for step, good in ((1000, True), (2000, True), (3000, False)):
-        d = ck / f"step-{step:08d}"
-        d.mkdir(parents=True)
-        _safetensors(d / "drafter.safetensors", 64, None if good else 128)
-        size = (d / "drafter.safetensors").stat().st_size
-        (d / "manifest.json").write_text(json.dumps({"files": [{"name": "drafter.safetensors", "size": size, "sha256": "x"}]}))
+        _checkpoint(ck / checkpoint.step_dir_name(step), step, 64, None if good else 128)
     (ck / "step-00004000").mkdir()  # no manifest: not complete
-    (ck / ".tmp-step-00005000").mkdir()
+    (ck / checkpoint.temp_dir_name(5000, 4242)).mkdir()  # a save in progress, as the trainer names it
     state = fe.checkpoint_state(str(ck))
     assert state["newest"]["name"] == "step-00002000"
+    assert state["newest"]["safetensors_ok"] is True and state["newest"]["bytes"] > 64
     assert [c["name"] for c in state["incomplete"]] == ["step-00003000", "step-00004000"]
-    assert "data size mismatch" in state["incomplete"][0]["problems"][0]
-    assert state["in_progress"][0]["name"] == ".tmp-step-00005000"
+    # the weights' header claims 128 data bytes, the file has 64 (the contract's header check)
+    assert "drafter.safetensors" in state["incomplete"][0]["problems"][0]
+    assert "outside the 64-byte data" in state["incomplete"][0]["problems"][0]
+    assert state["incomplete"][0]["safetensors_ok"] is False
+    assert "no manifest.json" in state["incomplete"][1]["problems"][0]
+    assert state["in_progress"][0]["name"] == ".tmp-step-5000-4242"
+    assert state["in_progress"][0]["step"] == 5000 and state["in_progress"][0]["pid"] == 4242
     assert fe.checkpoint_state(str(tmp_path / "none"))["readable"] is False
     with_sum = fe.checkpoint_state(str(ck), checksum=True)
     assert with_sum["newest"] is None  # the manifests' "x" sums do not match
+
+
+def test_a_checkpoint_with_truncated_weights_is_incomplete(tmp_path):
+    """Truncated after its manifest was written (sizes differ), or before (the manifest agrees with
+    the short file, the safetensors header does not): incomplete either way, never the newest."""
+    ck = tmp_path / "checkpoints"
+    _checkpoint(ck / "step-00000100", 100, 4096, sums=None)
+    _checkpoint(ck / "step-00000200", 200, 4096, sums=None)
+    weights = ck / "step-00000200" / checkpoint.WEIGHTS
+    full = weights.stat().st_size
+    with weights.open("r+b") as f:
+        f.truncate(full - 1000)
+    state = fe.checkpoint_state(str(ck))
+    assert [c["name"] for c in state["complete"]] == ["step-00000100"]
+    assert state["newest"]["name"] == "step-00000100"
+    bad = state["incomplete"][0]
+    assert bad["name"] == "step-00000200" and not bad["ok"]
+    assert bad["problems"] == [f"drafter.safetensors: {full - 1000} bytes, manifest says {full}"]
+
+    checkpoint.write_manifest(str(ck / "step-00000200"), 200)  # a manifest of the short file
+    state = fe.checkpoint_state(str(ck), checksum=True)
+    bad = state["incomplete"][0]
+    assert bad["name"] == "step-00000200" and bad["safetensors_ok"] is False
+    assert any("drafter.safetensors:" in p and "outside" in p for p in bad["problems"]), bad
+    assert state["newest"]["name"] == "step-00000100"
 
 
 def _stub(bindir: Path, name: str, body: str):
@@ -173,7 +234,7 @@ def stubbed_host(tmp_path, monkeypatch):
     (venv / "bin" / "python").symlink_to(sys.executable)
     (venv / "flashfleet.lock").write_text("pytest==0.0.1\nno-such-package==1.0\n")
     return {"run": "v2", "output_dir": str(out), "venv": str(venv), "config_dir": str(tmp_path / "etc"),
-            "shm": str(tmp_path)}
+            "lock": str(venv / "flashfleet.lock"), "shm": str(tmp_path)}
 
 
 def test_gather_end_to_end_unreadable_kernel(stubbed_host):
@@ -223,3 +284,30 @@ def test_run_window_starts_at_the_status_files_iso_time():
     status = {"data": {"started": "2026-11-30T18:56:34Z"}}
     assert fe.run_window_start({"properties": {}}, {"entries": []}, status) == 1796064994.0 - 60
     assert fe.run_window_start({"properties": {}}, {"entries": []}, {"data": {"started": 1796064994}}) == 1796064994.0 - 60
+
+
+def test_gather_records_an_unparseable_lock_and_goes_on(stubbed_host):
+    Path(stubbed_host["lock"]).write_text("pytest==0.0.1\n<<<<<<< HEAD\n")
+    ev = fe.gather(stubbed_host)
+    assert ev["venv"]["readable"] is False and "line 2 is not a name==version pin" in ev["venv"]["error"]
+    assert ev["unit_props"]["readable"] and ev["metrics"]["last"] == {"step": 1400, "loss": 2.5}
+    assert fc.classify(ev)["verdict"] == "killed-by-signal"
+
+
+def test_gather_wants_the_host_paths_and_a_valid_run_name(stubbed_host):
+    for key in ("output_dir", "config_dir", "venv", "lock"):
+        with pytest.raises(fe.EvidenceError, match=key):
+            fe.gather({k: v for k, v in stubbed_host.items() if k != key})
+    with pytest.raises(fe.EvidenceError, match="invalid run name"):
+        fe.gather(dict(stubbed_host, run="../etc"))
+
+
+def test_gather_reads_status_through_the_contract(stubbed_host):
+    status = Path(stubbed_host["output_dir"]) / "status.json"
+    status.write_text('{"phase": "exploding", "step": 3}')
+    ev = fe.gather(stubbed_host)
+    assert ev["status"]["readable"] is False and "unknown phase 'exploding'" in ev["status"]["error"]
+    assert ev["status"]["data"] is None
+    status.unlink()
+    ev = fe.gather(stubbed_host)
+    assert ev["status"]["readable"] is False and str(status) in ev["status"]["error"]

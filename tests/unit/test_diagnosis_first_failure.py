@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from tests.conftest import ROOT, load_file
-
-classify = load_file(ROOT / "roles/run_diagnosis/files/flashfleet_classify.py")
+from flashfleet import classify
 
 
 def test_the_earliest_failed_exit_goes_first_whatever_the_row_order():

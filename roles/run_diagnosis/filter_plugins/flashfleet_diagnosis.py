@@ -1,35 +1,26 @@
-"""Filters that put the role's pure-Python classifier (files/flashfleet_classify.py) into Jinja.
+"""Filters that put the classifier (flashfleet.classify, module_utils/flashfleet/classify.py) into Jinja.
 
-The classifier stays a plain script so it runs offline too; this file only loads it.
+The classifier is part of the installed project (`pip install -e .` in the controller's venv),
+which also gives it the `flashfleet-classify` command for offline use.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
-_CLASSIFIER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "files",
-                           "flashfleet_classify.py")
-_module = None
-
-
-def _classifier():
-    global _module
-    if _module is None:
-        spec = importlib.util.spec_from_file_location("flashfleet_classify", _CLASSIFIER)
-        _module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(_module)
-    return _module
+try:
+    from flashfleet import classify
+except ImportError as exc:  # say what to do instead of "no filter named flashfleet_classify"
+    raise ImportError(f"{exc}: the flashfleet project is not installed in the Python that runs Ansible "
+                      "(pip install -e . in the controller's venv)") from exc
 
 
 def flashfleet_classify(evidence):
     """evidence dict (from the flashfleet_evidence module) -> diagnosis dict."""
-    return _classifier().classify(dict(evidence))
+    return classify.classify(dict(evidence))
 
 
 def flashfleet_verdict_table(rows):
     """list of diagnosis rows -> the console table, as a list of lines."""
-    return _classifier().table([dict(r) for r in rows]).splitlines()
+    return classify.table([dict(r) for r in rows]).splitlines()
 
 
 def flashfleet_rows(hosts, hostvars, fact="run_diagnosis_result"):
@@ -49,7 +40,7 @@ def flashfleet_rows(hosts, hostvars, fact="run_diagnosis_result"):
 
 def flashfleet_first_failure(rows):
     """The row of the host whose run died first (by exit time), or None."""
-    return _classifier().first_failure([dict(r) for r in rows])
+    return classify.first_failure([dict(r) for r in rows])
 
 
 class FilterModule:

@@ -1,6 +1,8 @@
 """flashfleet_kernels: the DFlash drafter loss without materializing ``[tokens x vocab]``.
 
-Public entry point: :func:`fused_linear_distill_loss`; oracle: :func:`reference_fused_linear_distill_loss`.
+Public entry point: :func:`fused_linear_distill_loss`; oracle: :func:`reference_fused_linear_distill_loss`,
+the project's only torch version of the loss (the trainer reaches both through
+``flashfleet_trainer.loss.get_loss_fn``, which binds ``impl``).
 See docs/kernels.md for the math, the design and the test/benchmark commands.
 """
 

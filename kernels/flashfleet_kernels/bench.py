@@ -18,20 +18,21 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 
 import torch
 
 GiB = 1024**3
 
 
-def make_inputs(n: int, v: int, d: int, dtype=torch.bfloat16, seed: int = 0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    h_s = torch.randn(n, d, device="cuda", dtype=dtype, generator=gen)
-    h_t = (h_s.float() + 0.5 * torch.randn(n, d, device="cuda", generator=gen)).to(dtype)
-    weight = (torch.randn(v, d, device="cuda", generator=gen) * d**-0.5 * 2).to(dtype)
-    labels = torch.randint(0, v, (n,), device="cuda", generator=gen)
+def make_inputs(n: int, v: int, d: int, dtype=torch.bfloat16, seed: int = 0, device="cuda"):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    h_s = torch.randn(n, d, device=device, dtype=dtype, generator=gen)
+    h_t = (h_s.float() + 0.5 * torch.randn(n, d, device=device, generator=gen)).to(dtype)
+    weight = (torch.randn(v, d, device=device, generator=gen) * d**-0.5 * 2).to(dtype)
+    labels = torch.randint(0, v, (n,), device=device, generator=gen)
     labels[::97] = -100
-    row_weights = torch.rand(n, device="cuda", generator=gen)
+    row_weights = torch.rand(n, device=device, generator=gen)
     return h_s.requires_grad_(), h_t, weight, labels, row_weights
 
 
@@ -96,46 +97,68 @@ def measure(fn, inputs, reps: int, warmup: int):
         torch.cuda.empty_cache()
 
 
-def breakdown(inputs, temperature, kl_weight, chunk_size=None, reps: int = 5):
-    """Where one fused forward+backward spends its time: the chunk loop, phase by phase."""
+class _Stopwatch:
+    """Marks between phases: CUDA events on a GPU, the wall clock elsewhere (the Triton interpreter)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = []
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def laps_ms(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:], strict=False)]
+
+
+def breakdown(inputs, temperature, kl_weight, chunk_size=None, reps: int = 5, row_group: int = 1,
+              ignore_index: int = -100):
+    """Where one fused forward+backward spends its time: the chunk loop, phase by phase.
+
+    Runs what the loss runs (:func:`~flashfleet_kernels.distill_loss.prepare_inputs`, then the same
+    :class:`~flashfleet_kernels.distill_loss.ChunkLoop`: same chunking, same kernel launch; callable
+    ``row_weights`` time its two launches and the weight function), one chunk at a time between
+    timing marks; only the gradient to the student hidden states is computed (a frozen head).
+    Returns ``(rows per chunk, {phase: ms per fwd+bwd})``.
+    """
     from flashfleet_kernels import distill_loss as dl
 
     h_s, h_t, weight, labels, row_weights = inputs
-    n, v = h_s.shape[0], weight.shape[0]
-    c = chunk_size or dl.default_chunk_size(n, v, h_s.element_size(), True)
-    block, warps = dl._launch_config(v, h_s.device)
-    h_s = h_s.detach()
-    scale = torch.rand(n, device="cuda") / n
-    ws = torch.empty(2 * c, v, dtype=h_s.dtype, device="cuda")
-    grad = torch.empty_like(h_s)
-    out = torch.empty(n, device="cuda")
-    arg = torch.empty(1, dtype=torch.int32, device="cuda")
-    phases = {"student+teacher logits (2 GEMMs)": 0.0, "row kernel": 0.0, "grad GEMM": 0.0}
-    names = list(phases)
-    for _ in range(reps + 1):
-        acc = [0.0, 0.0, 0.0]
-        for s in range(0, n, c):
-            e = min(s + c, n)
-            ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-            ev[0].record()
-            torch.mm(h_s[s:e], weight.t(), out=ws[: e - s])
-            torch.mm(h_t[s:e], weight.t(), out=ws[c:c + e - s])
-            ev[1].record()
-            dl._distill_row_kernel[(e - s,)](
-                ws, ws[c:], ws.stride(0), ws.stride(0), labels[s:e], scale[s:e], out[s:e], out[s:e], arg,
-                v, 1.0 / temperature, 1.0 - kl_weight, kl_weight * temperature, -100,
-                HAS_KL=True, HAS_CE=kl_weight != 1, SEPARATE_T=temperature != 1, WRITE_ARGMAX=False,
-                BLOCK=block, num_warps=warps)
-            ev[2].record()
-            torch.mm(ws[: e - s], weight, out=grad[s:e])
-            ev[3].record()
-            torch.cuda.synchronize()
-            for i in range(3):
-                acc[i] += ev[i].elapsed_time(ev[i + 1])
-        if _ > 0:  # first round is warm-up
-            for i in range(3):
-                phases[names[i]] += acc[i] / reps
-    return c, phases
+    h_s, h_t, weight, labels, row_weights = dl.prepare_inputs(
+        h_s.detach(), h_t, weight.detach(), labels, row_weights, temperature=temperature, kl_weight=kl_weight,
+        row_group=row_group)
+    logits = "student+teacher logits (2 GEMMs)" if kl_weight != 0 else "student logits (GEMM)"
+    names = [logits, "row kernel", "grad GEMM"]
+    phases = dict.fromkeys(names, 0.0)
+    chunk = None
+    for rnd in range(reps + 1):  # round 0 is warm-up
+        loop = dl.ChunkLoop(h_s, h_t, weight, labels, row_weights, temperature=float(temperature),
+                            kl_weight=float(kl_weight), ignore_index=ignore_index, chunk_size=chunk_size,
+                            row_group=row_group, need_grad_h=True, need_grad_w=False)
+        chunk = loop.chunk_size
+        watch = _Stopwatch(h_s.device)
+        for k in range(len(loop)):
+            watch.mark()
+            loop.logits(k)
+            watch.mark()
+            loop.rows(k)
+            watch.mark()
+            loop.grads(k)
+            watch.mark()
+        laps = watch.laps_ms()
+        if rnd > 0:
+            for k in range(len(loop)):
+                for i, name in enumerate(names):
+                    phases[name] += laps[4 * k + i] / reps
+    return chunk, phases
 
 
 def matmul_flops(n, v, d, kl_weight):

@@ -21,6 +21,9 @@ Why this shape of implementation (docs/kernels.md has the longer story):
   CE into its weights, and a second launch runs pass 2 from the stored normalisers with the
   unnormalised weights; ``1 / sum w'`` then scales the gradient in backward. So the statistics
   and the weights cost no logits GEMM of their own.
+* The chunk loop is :class:`ChunkLoop` (per chunk: ``logits``, ``rows``, ``grads``); the autograd
+  Function runs it, and ``bench --breakdown`` runs the same object with timing marks in between,
+  so the kernel is launched from one place only.
 * Row offsets are int64 (``N * V`` exceeds 2^31 at N=16k, V=152k) and all softmax bookkeeping is
   fp32, whatever the logits' dtype.
 
@@ -209,111 +212,164 @@ def _launch_config(vocab: int, device: torch.device) -> tuple[int, int]:
     return min(4096, triton.next_power_of_2(vocab)), 8
 
 
+def normalised_scale(labels: torch.Tensor, row_weights: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """``w_i' / sum(w')`` per row for weights known up front (0 for rows that drop out, and all 0
+    when no weight is left), so that the gradient written in forward is already the final one."""
+    w_eff = torch.where(labels != ignore_index, row_weights.to(torch.float32), 0.0)
+    total = w_eff.sum()
+    return (w_eff / torch.where(total > 0, total, torch.ones_like(total))).contiguous()
+
+
+class ChunkLoop:
+    """The fused path's work, chunk by chunk: the forward runs it, and so does ``bench --breakdown``.
+
+    Per chunk ``k``: :meth:`logits` (cuBLAS writes the chunk's student and teacher logits into the
+    workspace), :meth:`rows` (the Triton row kernel: one launch for tensor weights; for a weight
+    function, pass 1, the weights from the chunk's CE, pass 2), :meth:`grads` (cuBLAS turns the
+    gradient left in the workspace into the chunk's rows of ``dL/dh_s`` and ``dL/dW``). The row
+    kernel is launched from one place only, so the benchmark cannot fall out of step with it.
+
+    Inputs as :func:`prepare_inputs` returns them: ``h_s``/``h_t`` ``[N, d]`` in the head's dtype
+    (``h_t`` None without KL), ``labels`` int64 ``[N]``, ``row_weights`` ``[N]`` or a function
+    ``f(row_ce, start, end)``.
+    """
+
+    def __init__(self, h_s, h_t, weight, labels, row_weights, *, temperature, kl_weight, ignore_index,
+                 want_argmax=False, chunk_size=None, row_group=1, block_size=None, num_warps=None,
+                 need_grad_h=True, need_grad_w=False):
+        n_rows = h_s.shape[0]
+        vocab = weight.shape[0]
+        device = h_s.device
+        self.h_s, self.h_t, self.weight, self.labels = h_s, h_t, weight, labels
+        self.temperature, self.kl_weight, self.ignore_index = temperature, kl_weight, ignore_index
+        self.vocab, self.want_argmax = vocab, want_argmax
+        self.has_kl = kl_weight != 0
+        self.has_ce = kl_weight != 1
+        self.separate_t = self.has_kl and temperature != 1.0
+        self.valid = labels != ignore_index
+        self.weight_fn = row_weights if callable(row_weights) else None
+        if self.weight_fn is None:
+            self.scale = normalised_scale(labels, row_weights, ignore_index)
+        else:
+            # Weights from each chunk's CE: pass 1, the weights, then pass 2 with w_i' unnormalised; the
+            # sum over all chunks is known only at the end, so 1 / sum(w') is applied in backward.
+            if n_rows % row_group:
+                raise ValueError(f"{n_rows} rows are not whole groups of row_group={row_group}")
+            self.scale = torch.empty(n_rows, dtype=torch.float32, device=device)
+        self.norms = torch.empty((n_rows if self.weight_fn is not None else 1), 5, dtype=torch.float32,
+                                 device=device)
+
+        if chunk_size is None:
+            chunk_size = default_chunk_size(n_rows, vocab, h_s.element_size(), self.has_kl)
+        chunk_size = max(1, min(chunk_size, n_rows))
+        if self.weight_fn is not None:  # a chunk holds whole groups
+            chunk_size = max(row_group, chunk_size // row_group * row_group)
+        self.chunk_size = chunk_size
+        block, default_warps = _launch_config(vocab, device)
+        self.block = block_size or block
+        self.num_warps = num_warps or default_warps
+
+        self.bounds = [(s, min(s + chunk_size, n_rows)) for s in range(0, n_rows, chunk_size)]
+        self.workspace = torch.empty((2 if self.has_kl else 1) * chunk_size, vocab, dtype=h_s.dtype, device=device)
+        self.row_ce = torch.empty(n_rows, dtype=torch.float32, device=device)
+        self.row_kl = torch.zeros(n_rows, dtype=torch.float32, device=device)
+        self.argmax = torch.empty(n_rows if want_argmax else 1, dtype=torch.int32, device=device)
+        self.grad_h = torch.empty_like(h_s) if need_grad_h else None
+        self.grad_w = torch.zeros_like(weight) if need_grad_w else None
+        self.kernel = _row_kernel_for(device)
+        self.weight_t = weight.t()
+
+    def __len__(self):
+        return len(self.bounds)
+
+    def _views(self, k):
+        start, end = self.bounds[k]
+        z_s = self.workspace[: end - start]
+        z_t = self.workspace[self.chunk_size:self.chunk_size + end - start] if self.has_kl else z_s
+        return start, end, z_s, z_t
+
+    def logits(self, k):
+        start, end, z_s, z_t = self._views(k)
+        torch.mm(self.h_s[start:end], self.weight_t, out=z_s)
+        if self.has_kl:
+            torch.mm(self.h_t[start:end], self.weight_t, out=z_t)
+
+    def _launch(self, k, which):
+        start, end, z_s, z_t = self._views(k)
+        two = self.weight_fn is not None
+        try:
+            self.kernel[(end - start,)](
+                z_s, z_t, z_s.stride(0), z_t.stride(0),
+                self.labels[start:end], self.scale[start:end],
+                self.row_ce[start:end], self.row_kl[start:end],
+                self.argmax[start:end] if self.want_argmax else self.argmax,
+                self.norms[start:end] if two else self.norms,
+                self.vocab, 1.0 / self.temperature, 1.0 - self.kl_weight, self.kl_weight * self.temperature,
+                self.ignore_index,
+                HAS_KL=self.has_kl, HAS_CE=self.has_ce, SEPARATE_T=self.separate_t,
+                WRITE_ARGMAX=self.want_argmax, BLOCK=self.block, PASS=which, num_warps=self.num_warps,
+            )
+        except Exception as exc:
+            if _interpreted_kernel is None or self.kernel is not _interpreted_kernel:
+                raise
+            # Recent Triton cannot interpret a kernel whose triton.language helpers were compiled.
+            raise RuntimeError(
+                "the Triton kernel could not run on CPU tensors: set TRITON_INTERPRET=1 before triton is "
+                "first imported, or use impl='torch' (impl='auto' picks it for CPU tensors)"
+            ) from exc
+
+    def rows(self, k):
+        """The row kernel on chunk k: statistics, then d loss / d z_s in place of the student logits."""
+        if self.weight_fn is None:
+            self._launch(k, 0)
+            return
+        start, end = self.bounds[k]
+        self._launch(k, 1)
+        w = self.weight_fn(self.row_ce[start:end], start, end).reshape(-1).to(torch.float32)
+        self.scale[start:end] = torch.where(self.valid[start:end], w, 0.0)
+        self._launch(k, 2)
+
+    def grads(self, k):  # the workspace's student half now holds d loss / d z_s for these rows
+        start, end, z_s, _ = self._views(k)
+        if self.grad_h is not None:
+            torch.mm(z_s, self.weight, out=self.grad_h[start:end])
+        if self.grad_w is not None:
+            self.grad_w.addmm_(z_s.t(), self.h_s[start:end])
+
+    def run(self):
+        # In order, on one stream. Running the row kernel of chunk k on a side stream while cuBLAS
+        # computes chunk k+1's logits (two workspaces) was measured on an H200 and gained nothing:
+        # the GEMMs keep every SM busy, so the memory-bound kernel cannot slip in beside them.
+        for k in range(len(self.bounds)):
+            self.logits(k)
+            self.rows(k)
+            self.grads(k)
+
+    def loss(self):
+        """(loss, 1 / sum w' or None): None when the gradient is already normalised (tensor weights)."""
+        row_loss = (1.0 - self.kl_weight) * self.row_ce + self.kl_weight * self.row_kl
+        if self.weight_fn is None:
+            return (self.scale * row_loss).sum(), None
+        total = self.scale.sum()
+        inv_norm = 1.0 / torch.where(total > 0, total, torch.ones_like(total))
+        return (self.scale * row_loss).sum() * inv_norm, inv_norm
+
+
 class _FusedLinearDistillLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_s, h_t, weight, labels, row_weights, temperature, kl_weight, ignore_index,
                 want_argmax, chunk_size, block_size, num_warps, row_group):
-        n_rows, _ = h_s.shape
-        vocab = weight.shape[0]
-        device = h_s.device
-        has_kl = kl_weight != 0
-        has_ce = kl_weight != 1
-        separate_t = has_kl and temperature != 1.0
-        need_grad_h = ctx.needs_input_grad[0]
-        need_grad_w = ctx.needs_input_grad[2]
-
-        valid = labels != ignore_index
-        weight_fn = row_weights if callable(row_weights) else None
-        if weight_fn is None:
-            # Weights known up front: normalise them now, so the gradient written in forward is final.
-            w_eff = torch.where(valid, row_weights.to(torch.float32), 0.0)
-            total = w_eff.sum()
-            scale = (w_eff / torch.where(total > 0, total, torch.ones_like(total))).contiguous()
-        else:
-            # Weights from this chunk's CE: pass 1, the weights, then pass 2 with w_i' unnormalised; the
-            # sum over all chunks is known only at the end, so 1 / sum(w') is applied in backward.
-            if n_rows % row_group:
-                raise ValueError(f"{n_rows} rows are not whole groups of row_group={row_group}")
-            scale = torch.empty(n_rows, dtype=torch.float32, device=device)
-        norms = torch.empty((n_rows if weight_fn is not None else 1), 5, dtype=torch.float32, device=device)
-
-        if chunk_size is None:
-            chunk_size = default_chunk_size(n_rows, vocab, h_s.element_size(), has_kl)
-        chunk_size = max(1, min(chunk_size, n_rows))
-        if weight_fn is not None:  # a chunk holds whole groups
-            chunk_size = max(row_group, chunk_size // row_group * row_group)
-        block, default_warps = _launch_config(vocab, device)
-        block = block_size or block
-        num_warps = num_warps or default_warps
-
-        bounds = [(s, min(s + chunk_size, n_rows)) for s in range(0, n_rows, chunk_size)]
-        workspace = torch.empty((2 if has_kl else 1) * chunk_size, vocab, dtype=h_s.dtype, device=device)
-        row_ce = torch.empty(n_rows, dtype=torch.float32, device=device)
-        row_kl = torch.zeros(n_rows, dtype=torch.float32, device=device)
-        argmax = torch.empty(n_rows if want_argmax else 1, dtype=torch.int32, device=device)
-        grad_h = torch.empty_like(h_s) if need_grad_h else None
-        grad_w = torch.zeros_like(weight) if need_grad_w else None
-        kernel = _row_kernel_for(device)
-        weight_t = weight.t()
-
-        def views(k):
-            start, end = bounds[k]
-            z_s = workspace[: end - start]
-            z_t = workspace[chunk_size:chunk_size + end - start] if has_kl else z_s
-            return start, end, z_s, z_t
-
-        def logits(k):
-            start, end, z_s, z_t = views(k)
-            torch.mm(h_s[start:end], weight_t, out=z_s)
-            if has_kl:
-                torch.mm(h_t[start:end], weight_t, out=z_t)
-
-        def row_kernel(k, which):
-            start, end, z_s, z_t = views(k)
-            kernel[(end - start,)](
-                z_s, z_t, z_s.stride(0), z_t.stride(0),
-                labels[start:end], scale[start:end],
-                row_ce[start:end], row_kl[start:end], argmax[start:end] if want_argmax else argmax,
-                norms[start:end] if weight_fn is not None else norms,
-                vocab, 1.0 / temperature, 1.0 - kl_weight, kl_weight * temperature, ignore_index,
-                HAS_KL=has_kl, HAS_CE=has_ce, SEPARATE_T=separate_t, WRITE_ARGMAX=want_argmax,
-                BLOCK=block, PASS=which, num_warps=num_warps,
-            )
-
-        def grads(k):  # z_s now holds d loss / d z_s for these rows
-            start, end, z_s, _ = views(k)
-            if need_grad_h:
-                torch.mm(z_s, weight, out=grad_h[start:end])
-            if need_grad_w:
-                grad_w.addmm_(z_s.t(), h_s[start:end])
-
-        # In order, on one stream. Running the row kernel of chunk k on a side stream while cuBLAS
-        # computes chunk k+1's logits (two workspaces) was measured on an H200 and gained nothing:
-        # the GEMMs keep every SM busy, so the memory-bound kernel cannot slip in beside them.
-        for k in range(len(bounds)):
-            logits(k)
-            if weight_fn is None:
-                row_kernel(k, 0)
-            else:
-                start, end = bounds[k]
-                row_kernel(k, 1)
-                w = weight_fn(row_ce[start:end], start, end).reshape(-1).to(torch.float32)
-                scale[start:end] = torch.where(valid[start:end], w, 0.0)
-                row_kernel(k, 2)
-            grads(k)
-
-        row_loss = (1.0 - kl_weight) * row_ce + kl_weight * row_kl
-        if weight_fn is None:
-            loss = (scale * row_loss).sum()
-            inv_norm = None
-        else:
-            total = scale.sum()
-            inv_norm = 1.0 / torch.where(total > 0, total, torch.ones_like(total))
-            loss = (scale * row_loss).sum() * inv_norm
-        correct = (argmax.long() == labels) & valid if want_argmax else torch.zeros_like(valid)
-        ctx.save_for_backward(grad_h, grad_w, inv_norm)
-        ctx.mark_non_differentiable(row_ce, correct)
-        return loss, row_ce, correct
+        loop = ChunkLoop(h_s, h_t, weight, labels, row_weights, temperature=temperature, kl_weight=kl_weight,
+                         ignore_index=ignore_index, want_argmax=want_argmax, chunk_size=chunk_size,
+                         row_group=row_group, block_size=block_size, num_warps=num_warps,
+                         need_grad_h=ctx.needs_input_grad[0], need_grad_w=ctx.needs_input_grad[2])
+        loop.run()
+        loss, inv_norm = loop.loss()
+        valid = loop.valid
+        correct = (loop.argmax.long() == labels) & valid if want_argmax else torch.zeros_like(valid)
+        ctx.save_for_backward(loop.grad_h, loop.grad_w, inv_norm)
+        ctx.mark_non_differentiable(loop.row_ce, correct)
+        return loss, loop.row_ce, correct
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_ce, _grad_correct):
@@ -330,6 +386,33 @@ class _FusedLinearDistillLoss(torch.autograd.Function):
         # Out of place so that a retained graph can be backpropagated more than once.
         return (scaled(grad_h), None, scaled(grad_w), None, None, None, None, None, None, None, None, None,
                 None)
+
+
+def prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights, *, temperature,
+                   kl_weight, row_group=1):
+    """Checked, flattened, contiguous inputs for :class:`ChunkLoop`: ``(h_s, h_t, weight, labels, w)``.
+
+    Hidden states become ``[N, d]`` rows in the head's dtype (``h_t`` detached, None without KL),
+    labels int64 ``[N]``, tensor weights ``[N]`` (a weight function is passed through).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if kl_weight != 0 and teacher_hidden is None:
+        raise ValueError("kl_weight != 0 needs teacher_hidden")
+    d = student_hidden.shape[-1]
+    dtype = lm_head_weight.dtype
+    h_s = student_hidden.reshape(-1, d).to(dtype).contiguous()
+    h_t = None
+    if kl_weight != 0:
+        h_t = teacher_hidden.detach().reshape(-1, d).to(dtype).contiguous()
+    y = labels.reshape(-1).to(torch.int64).contiguous()
+    w = row_weights if callable(row_weights) else row_weights.reshape(-1)
+    n_w = y.shape[0] if callable(w) else w.shape[0]
+    if not (h_s.shape[0] == y.shape[0] == n_w) or (h_t is not None and h_t.shape != h_s.shape):
+        raise ValueError("student_hidden, teacher_hidden, labels and row_weights must agree on rows")
+    if row_group < 1:
+        raise ValueError(f"row_group must be >= 1, got {row_group}")
+    return h_s, h_t, lm_head_weight.contiguous(), y, w
 
 
 def triton_fused_linear_distill_loss(
@@ -357,24 +440,8 @@ def triton_fused_linear_distill_loss(
     pass 1, the weights from the chunk's CE, its pass 2), and chunks are rounded down to whole
     ``row_group``s.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if kl_weight != 0 and teacher_hidden is None:
-        raise ValueError("kl_weight != 0 needs teacher_hidden")
-    d = student_hidden.shape[-1]
-    dtype = lm_head_weight.dtype
-    h_s = student_hidden.reshape(-1, d).to(dtype).contiguous()
-    h_t = None
-    if kl_weight != 0:
-        h_t = teacher_hidden.detach().reshape(-1, d).to(dtype).contiguous()
-    y = labels.reshape(-1).to(torch.int64).contiguous()
-    w = row_weights if callable(row_weights) else row_weights.reshape(-1)
-    n_w = y.shape[0] if callable(w) else w.shape[0]
-    if not (h_s.shape[0] == y.shape[0] == n_w) or (h_t is not None and h_t.shape != h_s.shape):
-        raise ValueError("student_hidden, teacher_hidden, labels and row_weights must agree on rows")
-    if row_group < 1:
-        raise ValueError(f"row_group must be >= 1, got {row_group}")
-    weight = lm_head_weight.contiguous()
+    h_s, h_t, weight, y, w = prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights,
+                                            temperature=temperature, kl_weight=kl_weight, row_group=row_group)
     loss, row_ce, correct = _FusedLinearDistillLoss.apply(
         h_s, h_t, weight, y, w, float(temperature), float(kl_weight), int(ignore_index),
         bool(return_row_stats), chunk_size, block_size, num_warps, int(row_group),

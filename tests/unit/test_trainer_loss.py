@@ -1,4 +1,9 @@
-"""Position weights against hand-computed values; the loss against a direct computation."""
+"""Position weights against hand-computed values; the loss against a direct computation.
+
+The loss itself lives in flashfleet_kernels (one torch reference, the kernel's oracle); the trainer
+reaches it through `get_loss_fn`. flashfleet_kernels is imported inside the tests, never at module
+level: tests/kernels/conftest.py must be the first to import its Triton module (interpreter mode).
+"""
 
 import math
 
@@ -9,10 +14,17 @@ from flashfleet_trainer.loss import (
     IGNORE,
     acceptance_proxy,
     drafter_loss,
+    get_loss_fn,
     position_weights,
     stats_to_host,
-    torch_fused_linear_distill_loss,
 )
+
+
+def _reference():
+    """The one torch reference, as the trainer gets it (`get_loss_fn("torch")`)."""
+    fn, name = get_loss_fn("torch")
+    assert name == "torch"
+    return fn
 
 
 def test_decay_weights_by_hand():
@@ -57,15 +69,16 @@ def _direct(hs, ht, w_head, y, rw, t, kw):
 
 
 @pytest.mark.parametrize("kw,t", [(0.0, 1.0), (0.7, 2.0), (1.0, 1.0)])
-def test_torch_loss_equals_direct_computation(kw, t):
+def test_reference_loss_equals_direct_computation(kw, t):
     g = torch.Generator().manual_seed(0)
     hs, ht = torch.randn(10, 8, generator=g, dtype=torch.float64), torch.randn(10, 8, generator=g, dtype=torch.float64)
     w_head = torch.randn(30, 8, generator=g, dtype=torch.float64)
     y = torch.randint(0, 30, (10,), generator=g)
     y[3] = IGNORE
     rw = torch.rand(10, generator=g, dtype=torch.float64)
-    got = torch_fused_linear_distill_loss(hs, ht, w_head, y, rw, temperature=t, kl_weight=kw)
-    assert got.item() == pytest.approx(_direct(hs, ht, w_head, y, rw, t, kw).item(), rel=1e-6)
+    got = _reference()(hs, ht, w_head, y, rw, temperature=t, kl_weight=kw)
+    assert got.dtype == torch.float64  # fp64 in, fp64 throughout
+    assert got.item() == pytest.approx(_direct(hs, ht, w_head, y, rw, t, kw).item(), rel=1e-10)
 
 
 def test_drafter_loss_matches_direct_and_reports_parts():
@@ -76,7 +89,7 @@ def test_drafter_loss_matches_direct_and_reports_parts():
     y = torch.randint(0, v, (n, b), generator=g)
     y[:, 0] = IGNORE
     y[2, 3] = IGNORE
-    loss, st = drafter_loss(hs, ht, w_head, y, loss_fn=torch_fused_linear_distill_loss, weighting="decay",
+    loss, st = drafter_loss(hs, ht, w_head, y, loss_fn=_reference(), weighting="decay",
                             decay_gamma=3.0, use_soft_labels=True, kl_temperature=2.0, kl_weight=0.6)
     wts = position_weights("decay", y != IGNORE, gamma=3.0)
     want = _direct(hs.reshape(-1, h).double(), ht.reshape(-1, h).double(), w_head.double(), y.reshape(-1),
@@ -91,15 +104,46 @@ def test_drafter_loss_matches_direct_and_reports_parts():
     assert st["kl"] > 0
 
 
-def test_fused_kernel_matches_torch_reference_when_present():
+def test_get_loss_fn_dispatches_to_the_kernels_package():
+    """'torch' is the reference, bit for bit; 'auto' is too on CPU tensors (the Triton kernel on CUDA
+    ones); 'triton' insists on the kernel; anything else is refused."""
     kernels = pytest.importorskip("flashfleet_kernels")
     g = torch.Generator().manual_seed(2)
-    hs = torch.randn(12, 16, generator=g, requires_grad=True)
-    ht, w_head = torch.randn(12, 16, generator=g), torch.randn(50, 16, generator=g)
-    y, rw = torch.randint(0, 50, (12,), generator=g), torch.rand(12, generator=g)
+    hs = torch.randn(3, 4, 16, generator=g)
+    ht, w_head = torch.randn(3, 4, 16, generator=g), torch.randn(50, 16, generator=g)
+    y, rw = torch.randint(0, 50, (3, 4), generator=g), torch.rand(3, 4, generator=g)
+    y[0, 0] = IGNORE
+    kw = dict(temperature=2.0, kl_weight=0.7, return_row_stats=True, row_group=4)
+    want = kernels.reference_fused_linear_distill_loss(hs, ht, w_head, y, rw, **kw)
+    has_triton = kernels.triton_fused_linear_distill_loss is not None
+    for impl in ("torch", "auto"):
+        fn, name = get_loss_fn(impl)
+        assert name == ("triton" if impl == "auto" and has_triton else "torch")
+        got = fn(hs, ht, w_head, y, rw, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), impl
+    if has_triton:
+        fn, name = get_loss_fn("triton")
+        assert name == "triton" and fn.keywords == {"impl": "triton"}
+    else:
+        with pytest.raises(ImportError):
+            get_loss_fn("triton")
+    with pytest.raises(ValueError, match="impl"):
+        get_loss_fn("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (tests/kernels runs the kernel on CPU)")
+@pytest.mark.parametrize("impl", ["auto", "triton"])
+def test_fused_kernel_matches_reference_on_cuda(impl):
+    kernels = pytest.importorskip("flashfleet_kernels")
+    if kernels.triton_fused_linear_distill_loss is None:
+        pytest.skip("triton not importable")
+    g = torch.Generator().manual_seed(2)
+    hs = torch.randn(12, 16, generator=g).cuda().requires_grad_()
+    ht, w_head = torch.randn(12, 16, generator=g).cuda(), torch.randn(50, 16, generator=g).cuda()
+    y, rw = torch.randint(0, 50, (12,), generator=g).cuda(), torch.rand(12, generator=g).cuda()
     y[0] = IGNORE
-    a = kernels.fused_linear_distill_loss(hs, ht, w_head, y, rw, temperature=2.0, kl_weight=0.7)
-    b = torch_fused_linear_distill_loss(hs, ht, w_head, y, rw, temperature=2.0, kl_weight=0.7)
+    a = get_loss_fn(impl)[0](hs, ht, w_head, y, rw, temperature=2.0, kl_weight=0.7)
+    b = kernels.reference_fused_linear_distill_loss(hs, ht, w_head, y, rw, temperature=2.0, kl_weight=0.7)
     assert a.item() == pytest.approx(b.item(), rel=1e-4)
     ga, = torch.autograd.grad(a, hs)
     gb, = torch.autograd.grad(b, hs)
@@ -117,16 +161,18 @@ def _batch(seed=3, n=4, b=5, h=8, v=40):
     return hs, ht, w_head, y
 
 
-def _loss_fns():
-    """The trainer's torch loss and the kernels' reference (the Triton kernel's own test of the same
-    weight function runs under the interpreter in tests/kernels)."""
-    kernels = pytest.importorskip("flashfleet_kernels")
-    return [torch_fused_linear_distill_loss, kernels.reference_fused_linear_distill_loss]
+# (impl, device): the reference, and the Triton kernel where there is a GPU. Without one, the same
+# route to the kernel runs under the Triton interpreter in tests/kernels/test_trainer_route.py.
+LOSS_IMPLS = [
+    ("torch", "cpu"),
+    pytest.param("auto", "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+]
 
 
-def test_streak_weights_come_from_the_loss_own_ce():
+@pytest.mark.parametrize("impl, device", LOSS_IMPLS)
+def test_streak_weights_come_from_the_loss_own_ce(impl, device):
     """Streak weights computed inside the loss (from its CE) equal those from a separate CE pass,
-    and so do the loss, its gradient and the statistics, for every loss implementation."""
+    and so do the loss, its gradient and the statistics."""
     hs, ht, w_head, y = _batch()
     n, b, h = hs.shape
     logits = hs.reshape(-1, h) @ w_head.T
@@ -134,27 +180,29 @@ def test_streak_weights_come_from_the_loss_own_ce():
     want_w = position_weights("streak", y != IGNORE, ce_direct.view(n, b), alpha=0.5)
     want = _direct(hs.reshape(-1, h).double(), ht.reshape(-1, h).double(), w_head.double(), y.reshape(-1),
                    want_w.reshape(-1).double(), 2.0, 0.6)
-    for fn in _loss_fns():
-        x = hs.clone().requires_grad_()
-        loss, st = drafter_loss(x, ht, w_head, y, loss_fn=fn, weighting="streak", use_soft_labels=True,
-                                kl_temperature=2.0, kl_weight=0.6)
-        assert torch.allclose(st["weights"], want_w, atol=1e-5)
-        assert loss.item() == pytest.approx(want.item(), rel=1e-5)
-        assert st["ce"] == pytest.approx(((ce_direct * want_w.reshape(-1)).sum() / want_w.sum()).item(), rel=1e-5)
-        pred = logits.argmax(-1).view(n, b)
-        for k in range(1, b):
-            ok = y[:, k] != IGNORE
-            want_acc = ((pred[:, k] == y[:, k]) & ok).sum().item() / max(ok.sum().item(), 1)
-            assert st["acc"][k - 1] == pytest.approx(want_acc) if ok.any() else math.isnan(st["acc"][k - 1])
-        loss.backward()
-        ref = hs.clone().requires_grad_()
-        _direct(ref.reshape(-1, h), ht.reshape(-1, h), w_head, y.reshape(-1), want_w.reshape(-1), 2.0, 0.6).backward()
-        assert torch.allclose(x.grad, ref.grad, atol=1e-5)
+    fn, name = get_loss_fn(impl)
+    if device == "cuda" and name != "triton":
+        pytest.skip("triton not importable")
+    x = hs.clone().to(device).requires_grad_()
+    loss, st = drafter_loss(x, ht.to(device), w_head.to(device), y.to(device), loss_fn=fn, weighting="streak",
+                            use_soft_labels=True, kl_temperature=2.0, kl_weight=0.6)
+    assert torch.allclose(st["weights"].cpu(), want_w, atol=1e-5)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    assert st["ce"] == pytest.approx(((ce_direct * want_w.reshape(-1)).sum() / want_w.sum()).item(), rel=1e-5)
+    pred = logits.argmax(-1).view(n, b)
+    for k in range(1, b):
+        ok = y[:, k] != IGNORE
+        want_acc = ((pred[:, k] == y[:, k]) & ok).sum().item() / max(ok.sum().item(), 1)
+        assert st["acc"][k - 1] == pytest.approx(want_acc) if ok.any() else math.isnan(st["acc"][k - 1])
+    loss.backward()
+    ref = hs.clone().requires_grad_()
+    _direct(ref.reshape(-1, h), ht.reshape(-1, h), w_head, y.reshape(-1), want_w.reshape(-1), 2.0, 0.6).backward()
+    assert torch.allclose(x.grad.cpu(), ref.grad, atol=1e-5)
 
 
 def test_device_stats_read_once_match_host_stats():
     hs, ht, w_head, y = _batch(seed=4)
-    kw = dict(loss_fn=torch_fused_linear_distill_loss, weighting="streak", use_soft_labels=True,
+    kw = dict(loss_fn=_reference(), weighting="streak", use_soft_labels=True,
               kl_temperature=1.0, kl_weight=0.5)
     _, host = drafter_loss(hs, ht, w_head, y, **kw)
     _, dev = drafter_loss(hs, ht, w_head, y, host_stats=False, **kw)
@@ -185,15 +233,16 @@ def test_no_logits_pass_outside_the_loss(weighting):
             return out
 
     calls = []
+    reference = _reference()
 
     def loss_fn(*a, **k):
         calls.append(1)
         with torch.utils._python_dispatch._disable_current_modes():
-            return torch_fused_linear_distill_loss(*a, **k)
+            return reference(*a, **k)
 
     with CountHeadMatmuls():
         drafter_loss(hs, ht, w_head, y, loss_fn=loss_fn, weighting=weighting, use_soft_labels=True, kl_weight=0.5)
     assert calls == [1] and CountHeadMatmuls.n == 0
     with CountHeadMatmuls():  # the counter does see the loss's own logits
-        torch_fused_linear_distill_loss(hs, ht, w_head, y, torch.ones_like(y, dtype=torch.float32), kl_weight=0.5)
+        reference(hs, ht, w_head, y, torch.ones_like(y, dtype=torch.float32), kl_weight=0.5)
     assert CountHeadMatmuls.n == 2

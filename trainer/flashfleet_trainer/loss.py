@@ -1,15 +1,16 @@
 """The drafter loss: one entry point, position weights, and cheap detached statistics.
 
-`drafter_loss` is the only place the trainer computes a loss. It calls
-`fused_linear_distill_loss(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights,
-*, temperature, kl_weight, ignore_index)`, which returns
+`drafter_loss` is the only place the trainer computes a loss. It calls a loss function with the
+signature of `flashfleet_kernels.fused_linear_distill_loss(student_hidden, teacher_hidden,
+lm_head_weight, labels, row_weights, *, temperature, kl_weight, ignore_index)`, which returns
 
     sum_i w_i * loss_i / sum_i w_i,
     loss_i = kl_weight * T^2 * KL(softmax(z_t/T) || softmax(z_s/T)) + (1 - kl_weight) * CE(z_s, y_i)
 
-with z = hidden @ lm_head_weight.T. The fused Triton kernel (flashfleet_kernels) never
-materializes the [rows x vocab] logits; `torch_fused_linear_distill_loss` below is the plain
-torch version of the same signature, used until/unless the kernel is importable.
+with z = hidden @ lm_head_weight.T. The loss itself lives in flashfleet_kernels only: the fused
+Triton kernel, which never materializes the [rows x vocab] logits, and its plain-torch reference
+(`flashfleet_kernels.reference`, the kernel's test oracle and the CPU path). `get_loss_fn` picks
+between them through the kernels package's dispatcher; this module has no loss of its own.
 
 Streak weights and per-position accuracy need per-row CE and argmax, and the streak weights are
 needed *before* the loss is weighted. The loss computes both anyway, so they come from it
@@ -20,62 +21,33 @@ the weighted CE by algebra instead of a second teacher pass. The statistics stay
 (`host_stats=False`) until the trainer reads them once per optimizer step.
 """
 
+import functools
 import math
 
 import torch
-import torch.nn.functional as F
 
 IGNORE = -100
 
 
-def torch_fused_linear_distill_loss(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights, *,
-                                    temperature=1.0, kl_weight=0.0, ignore_index=IGNORE, return_row_stats=False,
-                                    row_group=1):
-    """Plain-torch reference of flashfleet_kernels.fused_linear_distill_loss (same signature).
-
-    Rows whose label is ignore_index get weight 0 (they have neither a hard nor a soft target:
-    the soft target of a block position only exists where its label does). `row_weights` may be
-    a function (row_ce, start, end) -> weights, called once on all rows; `return_row_stats` adds
-    the detached per-row CE and argmax correctness, as the kernel does.
-    """
-    h = student_hidden.reshape(-1, student_hidden.shape[-1])
-    y = labels.reshape(-1)
-    ok = y != ignore_index
-    if callable(row_weights) and y.shape[0] % row_group:
-        raise ValueError(f"{y.shape[0]} rows are not whole groups of row_group={row_group}")
-    logits = (h @ lm_head_weight.t()).float()
-    ce = F.cross_entropy(logits, y.clamp_min(0), reduction="none") * ok
-    if callable(row_weights):
-        row_weights = row_weights(ce.detach(), 0, y.shape[0])
-    w = row_weights.reshape(-1).float() * ok.float()
-    per_row = torch.zeros_like(w)
-    if kl_weight < 1.0:
-        per_row = per_row + (1.0 - kl_weight) * ce
-    if kl_weight > 0.0:
-        t = temperature
-        with torch.no_grad():
-            teacher = (teacher_hidden.reshape(-1, teacher_hidden.shape[-1]) @ lm_head_weight.t()).float()
-            log_p = F.log_softmax(teacher / t, dim=-1)
-        log_q = F.log_softmax(logits / t, dim=-1)
-        kl = (log_p.exp() * (log_p - log_q)).sum(-1)
-        per_row = per_row + kl_weight * t * t * kl
-    loss = (w * per_row).sum() / w.sum().clamp_min(1e-12)
-    if not return_row_stats:
-        return loss
-    return loss, ce.detach(), (logits.detach().argmax(-1) == y) & ok
-
-
 def get_loss_fn(impl: str = "auto"):
-    """(function, name). 'triton' insists on the kernel; 'auto' falls back to plain torch."""
-    if impl in ("auto", "triton"):
-        try:
-            from flashfleet_kernels import fused_linear_distill_loss
+    """(function, name): `flashfleet_kernels.fused_linear_distill_loss` with `impl` bound.
 
-            return fused_linear_distill_loss, "triton"
-        except ImportError:
-            if impl == "triton":
-                raise
-    return torch_fused_linear_distill_loss, "torch"
+    'auto': the Triton kernel for CUDA tensors and the torch reference for CPU tensors, decided
+    per call by the dispatcher; named "triton" when Triton is importable, else "torch".
+    'triton' insists on the kernel: ImportError here when Triton is not importable.
+    'torch': always the plain-torch reference (materializes the fp32 logits).
+    The kernels package (and with it Triton) is imported here, not when this module is.
+    """
+    from flashfleet_kernels import fused_linear_distill_loss, triton_fused_linear_distill_loss
+
+    if impl not in ("auto", "triton", "torch"):
+        raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
+    if impl == "triton" and triton_fused_linear_distill_loss is None:
+        raise ImportError("triton is not importable, so flashfleet_kernels has no fused kernel")
+    name = impl
+    if impl == "auto":
+        name = "triton" if triton_fused_linear_distill_loss is not None else "torch"
+    return functools.partial(fused_linear_distill_loss, impl=impl), name
 
 
 def default_gamma(block_size: int) -> float:

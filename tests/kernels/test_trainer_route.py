@@ -1,0 +1,40 @@
+"""The trainer's route to the loss (`get_loss_fn` + `drafter_loss`) with the Triton kernel, under the
+interpreter when there is no GPU: the kernel and the one torch reference give the same loss, gradient,
+streak weights (computed chunk by chunk from the kernel's own CE) and statistics."""
+
+import pytest
+import torch
+from flashfleet_kernels import triton_fused_linear_distill_loss
+from flashfleet_trainer.loss import IGNORE, drafter_loss, get_loss_fn
+
+needs_triton = pytest.mark.skipif(triton_fused_linear_distill_loss is None, reason="triton not importable")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@needs_triton
+@pytest.mark.parametrize("weighting", ["streak", "decay"])
+def test_triton_route_matches_the_reference(weighting):
+    g = torch.Generator().manual_seed(7)
+    n, b, h, v = 6, 4, 16, 300
+    hs, ht = torch.randn(n, b, h, generator=g), torch.randn(n, b, h, generator=g)
+    w_head = torch.randn(v, h, generator=g) * 0.5
+    y = torch.randint(0, v, (n, b), generator=g)
+    y[:, 0] = IGNORE
+    y[2, 1:] = IGNORE
+    hs, ht, w_head, y = (t.to(DEVICE) for t in (hs, ht, w_head, y))
+    kw = dict(weighting=weighting, use_soft_labels=True, kl_temperature=2.0, kl_weight=0.6)
+    out = {}
+    for impl in ("triton", "torch"):
+        fn, name = get_loss_fn(impl)
+        assert name == impl
+        x = hs.clone().requires_grad_()
+        loss, st = drafter_loss(x, ht, w_head, y, loss_fn=fn, **kw)
+        loss.backward()
+        out[impl] = loss, x.grad, st
+    (loss, grad, st), (r_loss, r_grad, r_st) = out["triton"], out["torch"]
+    torch.testing.assert_close(loss, r_loss, atol=2e-5, rtol=2e-4)
+    torch.testing.assert_close(grad, r_grad, atol=2e-6, rtol=2e-4)
+    torch.testing.assert_close(st["weights"], r_st["weights"], atol=1e-5, rtol=1e-5)
+    assert st["ce"] == pytest.approx(r_st["ce"], rel=1e-4)
+    assert st["kl"] == pytest.approx(r_st["kl"], rel=1e-3)
+    assert st["correct"] == r_st["correct"] and st["rows"] == r_st["rows"]

@@ -27,11 +27,12 @@ help:
 # Re-synced when the lock changes.
 UV_VERSION := $(shell sed -n 's/^uv==\([^ ]*\).*/\1/p' requirements/controller.lock)
 UV_FIND_LINKS := $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
-$(VENV)/.installed: requirements/controller.lock pyproject.toml
+$(VENV)/.installed: requirements/controller.lock requirements/peers.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 	$(VENV)/bin/uv pip sync --quiet --python $(PY) $(UV_FIND_LINKS) requirements/controller.lock
 	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -e .
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps --target .cache/peers -r requirements/peers.txt
 	@touch $@
 venv: $(VENV)/.installed
 

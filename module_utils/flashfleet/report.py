@@ -1,16 +1,15 @@
-#!/usr/bin/env python3
 """Write runs/<run>/report.html from what collect.yml brought home: one self-contained file.
 
-    python3 roles/run_collect/files/flashfleet_report.py runs/v2            # -> runs/v2/report.html
-    python3 roles/run_collect/files/flashfleet_report.py runs/v2 -o /tmp/r.html
+    flashfleet-report runs/v2                     # -> runs/v2/report.html
+    flashfleet-report runs/v2 -o /tmp/r.html      # (or: python -m flashfleet.report ...)
 
 Reads, per host directory: metrics.jsonl (one record per optimizer step), status.json and
-diagnosis.json (any may be missing). Plots are PNGs (matplotlib, Agg) embedded as base64, so the
-file opens in any browser, offline, and can be mailed around. Needs matplotlib; nothing else
-outside the standard library.
+diagnosis.json (any may be missing), with the run contract's readers and names
+(`contract.metrics.read`, `contract.status.read`, `contract.layout`). Plots are PNGs (matplotlib,
+Agg) embedded as base64, so the file opens in any browser, offline, and can be mailed around.
+Needs matplotlib (imported only to plot); nothing else outside the standard library. Runs on the
+controller only.
 """
-
-from __future__ import annotations
 
 import argparse
 import base64
@@ -22,37 +21,43 @@ import sys
 import time
 from pathlib import Path
 
-# (title, y label, [(metric key, label)], log scale)
+from .contract import layout, metrics, status
+
+DIAGNOSIS = "diagnosis.json"  # written by run_diagnosis beside the host's copies
+PEAK_MEM_GIB = "peak_mem_gib"  # derived here from the record's peak_mem_bytes
+
+# (title, y label, [(metric key, label)], log scale). Every key is a metrics.jsonl key
+# (contract.metrics.STEP_KEYS / EVAL_KEYS), except PEAK_MEM_GIB.
 PLOTS = (
-    ("Loss and its parts", "loss", [("loss", "loss"), ("ce", "CE"), ("kl", "KL")], False),
+    ("Loss and its parts", "loss", [(metrics.LOSS, "loss"), ("ce", "CE"), ("kl", "KL")], False),
     ("Learning rate", "lr", [("lr", "lr")], False),
     ("Noise scale", "noise", [("noise", "noise")], False),
-    ("Acceptance", "acceptance", [("accept_proxy", "accept proxy"), ("tau", "tau")], False),
+    ("Acceptance", "acceptance", [("accept_proxy", "accept proxy"), (metrics.TAU, "tau")], False),
     ("Throughput", "per second", [("target_tokens_per_s", "target tokens/s"),
                                   ("drafter_rows_per_s", "drafter rows/s")], True),
-    ("Peak memory", "GiB", [("peak_mem_gib", "peak memory")], False),
+    ("Peak memory", "GiB", [(PEAK_MEM_GIB, "peak memory")], False),
 )
+ACC = "acc"  # per block position (a list), plotted from the last record that has it
 
 
 def read_metrics(path: Path) -> list[dict]:
-    records = []
+    """Every record of a host's metrics.jsonl (none when it is missing), with PEAK_MEM_GIB added."""
     try:
-        with path.open() as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by a crash or an in-progress write
-                if isinstance(rec, dict):
-                    if isinstance(rec.get("peak_mem_bytes"), (int, float)):
-                        rec["peak_mem_gib"] = rec["peak_mem_bytes"] / 2**30
-                    records.append(rec)
+        records = metrics.read(path)
     except OSError:
-        pass
+        return []
+    for rec in records:
+        if isinstance(rec.get("peak_mem_bytes"), int | float):
+            rec[PEAK_MEM_GIB] = rec["peak_mem_bytes"] / 2**30
     return records
+
+
+def read_status(path: Path) -> dict:
+    """A host's status record; {} when it is missing or not a status record."""
+    try:
+        return status.read(path)
+    except status.StatusError:
+        return {}
 
 
 def read_json(path: Path) -> dict:
@@ -66,8 +71,8 @@ def read_json(path: Path) -> dict:
 def load_run(run_dir: Path) -> dict[str, dict]:
     hosts = {}
     for d in sorted(p for p in run_dir.iterdir() if p.is_dir()):
-        host = {"metrics": read_metrics(d / "metrics.jsonl"), "status": read_json(d / "status.json"),
-                "diagnosis": read_json(d / "diagnosis.json")}
+        host = {"metrics": read_metrics(d / layout.METRICS), "status": read_status(d / layout.STATUS),
+                "diagnosis": read_json(d / DIAGNOSIS)}
         if host["metrics"] or host["status"] or host["diagnosis"]:
             hosts[d.name] = host
     return hosts
@@ -77,8 +82,8 @@ def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
     xs, ys = [], []
     for i, r in enumerate(records):
         v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            xs.append(r.get("step", i))
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            xs.append(r.get(metrics.STEP, i))
             ys.append(v)
     return xs, ys
 
@@ -127,10 +132,10 @@ def plots(hosts: dict[str, dict]) -> list[tuple[str, str]]:
     fig, ax = plt.subplots(figsize=(8, 3.2))
     drawn = 0
     for hi, (name, host) in enumerate(hosts.items()):
-        last = next((r for r in reversed(host["metrics"]) if isinstance(r.get("acc"), list) and r["acc"]), None)
+        last = next((r for r in reversed(host["metrics"]) if isinstance(r.get(ACC), list) and r[ACC]), None)
         if last:
-            ax.plot(range(1, len(last["acc"]) + 1), last["acc"], marker="o", color=f"C{hi}",
-                    label=f"{name} (step {last.get('step')})")
+            ax.plot(range(1, len(last[ACC]) + 1), last[ACC], marker="o", color=f"C{hi}",
+                    label=f"{name} (step {last.get(metrics.STEP)})")
             drawn += 1
     if drawn:
         ax.set_title("Accuracy by block position (last step)")
@@ -155,12 +160,13 @@ def summary_rows(hosts: dict[str, dict]) -> list[list[str]]:
     rows = []
     for name, h in hosts.items():
         # The newest optimizer-step record (the evaluation's tau record at the end has no loss).
-        last = next((r for r in reversed(h["metrics"]) if "loss" in r), {})
-        tau = next((r["tau"] for r in reversed(h["metrics"]) if isinstance(r.get("tau"), (int, float))), None)
+        last = next((r for r in reversed(h["metrics"]) if metrics.is_step(r)), {})
+        tau = next((r[metrics.TAU] for r in reversed(h["metrics"])
+                    if isinstance(r.get(metrics.TAU), int | float)), None)
         d, s = h["diagnosis"], h["status"]
-        rows.append([name, d.get("verdict", "-"), s.get("phase", "-"), _fmt(s.get("step", last.get("step"))),
+        rows.append([name, d.get("verdict", "-"), s.get("phase", "-"), _fmt(s.get("step", last.get(metrics.STEP))),
                      _fmt(s.get("epoch", last.get("epoch"))), d.get("newest_checkpoint") or s.get("newest_checkpoint") or "-",
-                     _fmt(last.get("loss")), _fmt(last.get("accept_proxy")), _fmt(tau),
+                     _fmt(last.get(metrics.LOSS)), _fmt(last.get("accept_proxy")), _fmt(tau),
                      _fmt(last.get("target_tokens_per_s"), 6), _fmt(last.get("drafter_rows_per_s"), 6),
                      str(len(h["metrics"])), d.get("reason") or "-"])
     return rows

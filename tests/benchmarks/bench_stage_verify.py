@@ -14,9 +14,7 @@ import statistics
 import tempfile
 import time
 
-from tests.conftest import ROOT, load_file
-
-fs = load_file(ROOT / "roles/dataset/library/flashfleet_stage.py")
+import flashfleet.stage as fs
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 
 Each case runs the real role against this machine through ansible-runner with the local
 connection, in check mode as a second guard: every case must fail in validation, so nothing is
-installed here.
+installed here. The last tests check the inputs every role gets from its flashfleet_contract
+dependency (host paths, the contract's facts through its filters).
 """
 
 from __future__ import annotations
@@ -69,3 +70,85 @@ def test_the_repository_lock_passes_validation(tmp_path, run_playbook):
     r = run_playbook(playbook, inventory, cmdline="--check", python_env_base_python=sys.executable)
     assert r.rc == 0, "\n".join(failure_messages(r))
     assert (ROOT / "requirements/node-cpu.lock").exists()
+
+
+def test_validation_reads_a_lock_by_the_contracts_rules(tmp_path, run_playbook):
+    """Option lines, hashes, markers and continuations are a lock (the drift check reads them so);
+    the message names the line that is not a pin."""
+    root = tmp_path / "project"
+    (root / "requirements").mkdir(parents=True)
+    lock = root / "requirements/node-cpu.lock"
+    lock.write_text("--index-url https://pypi.org/simple\ntorch==2.13.0+cpu \\\n    --hash=sha256:aa\n"
+                    "pywin32==306 ; sys_platform == 'win32'\n")
+    playbook, inventory = _play(tmp_path, "python_env", tasks_from="validate")
+    r = run_playbook(playbook, inventory, cmdline="--check", python_env_project_root=str(root),
+                     python_env_base_python=sys.executable)
+    assert r.rc == 0, "\n".join(failure_messages(r))
+
+    lock.write_text(lock.read_text() + "numpy>=2\n")
+    r = run_playbook(playbook, inventory, cmdline="--check", python_env_project_root=str(root),
+                     python_env_base_python=sys.executable)
+    messages = "\n".join(failure_messages(r))
+    assert r.rc != 0 and "line 5 is not a name==version pin: 'numpy>=2'" in messages, messages
+
+
+def test_the_contract_role_gives_yaml_the_python_contracts_facts(tmp_path, run_playbook):
+    """flashfleet_contract's filters read flashfleet.contract: the values YAML gets are the Python's."""
+    from flashfleet.contract import layout, messages, status
+
+    playbook, inventory = _play(tmp_path, "flashfleet_contract")
+    playbook.write_text("""
+- hosts: gpu_nodes
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role: {name: flashfleet_contract, public: true}
+    - ansible.builtin.debug:
+        msg:
+          exit_config: "{{ 'messages.EX_CONFIG' | flashfleet_contract }}"
+          pattern: "{{ 'messages.START_FAILURE_PATTERN' | flashfleet_contract }}"
+          final: "{{ 'status.FINAL_PHASES' | flashfleet_contract }}"
+          files: "{{ ['layout.STATUS', 'layout.METRICS'] | map('flashfleet_contract') }}"
+          unit: "{{ 'v2' | flashfleet_unit_name }}"
+          venv: "{{ flashfleet_venv }}"
+    - ansible.builtin.debug:
+        msg: "{{ 'messages.NOPE' | flashfleet_contract }}"
+      ignore_errors: true
+      register: unknown
+""")
+    r = run_playbook(playbook, inventory, flashfleet_venv="/srv/venv")
+    assert r.rc == 0, "\n".join(failure_messages(r))
+    oks = [ev["event_data"]["res"] for ev in r.events if ev.get("event") == "runner_on_ok"
+           and ev["event_data"]["task_action"] == "ansible.builtin.debug"]
+    assert oks[0]["msg"] == {"exit_config": messages.EX_CONFIG, "pattern": messages.START_FAILURE_PATTERN,
+                             "final": list(status.FINAL_PHASES), "files": [layout.STATUS, layout.METRICS],
+                             "unit": "flashfleet-train@v2.service", "venv": "/srv/venv"}
+    (failed,) = [ev["event_data"]["res"] for ev in r.events if ev.get("event") == "runner_on_failed"]
+    assert "'messages.NOPE' is not a constant of flashfleet.contract.messages" in failed["msg"]
+    assert "EX_CONFIG" in failed["msg"]
+
+
+def test_a_dependent_roles_defaults_follow_the_contracts_paths(tmp_path, run_playbook):
+    """flashfleet_contract is a dependency of each role: its defaults reach the role's defaults, so
+    one inventory variable moves a host path for every role."""
+    playbook, inventory = _play(tmp_path, "train_unit")
+    playbook.write_text("""
+- hosts: gpu_nodes
+  gather_facts: false
+  roles:
+    - {role: python_env, tags: [never]}
+    - {role: train_unit, tags: [never]}
+    - {role: dataset, tags: [never]}
+    - {role: run_diagnosis, tags: [never]}
+  tasks:
+    - ansible.builtin.debug:
+        msg: ["{{ python_env_dir }}", "{{ train_unit_venv }}", "{{ dataset_python }}", "{{ run_diagnosis_venv }}",
+              "{{ train_unit_runs_root }}", "{{ run_diagnosis_output_dir }}", "{{ run_diagnosis_unit }}"]
+      vars: {run_diagnosis_run: v2}
+      tags: [show]
+""")
+    r = run_playbook(playbook, inventory, cmdline="--tags show --skip-tags always",
+                     flashfleet_venv="/srv/venv", flashfleet_runs_root="/srv/runs")
+    assert r.rc == 0, "\n".join(failure_messages(r))
+    (ok,) = [ev["event_data"]["res"] for ev in r.events if ev.get("event") == "runner_on_ok"]
+    assert ok["msg"] == ["/srv/venv", "/srv/venv", "/srv/venv/bin/python", "/srv/venv", "/srv/runs",
+                         "/srv/runs/v2", "flashfleet-train@v2.service"]

@@ -1,5 +1,6 @@
-"""flashfleet_stage's pure logic (manifest, plan, placement, safetensors) and stage() end to end
-against an in-memory source that honours Range requests: skip, resume, refetch, manifest."""
+"""flashfleet.stage (the flashfleet_stage module's logic): manifest, plan, placement, the
+safetensors check it runs (the contract's), stage() end to end against an in-memory source that
+honours Range requests (skip, resume, refetch, manifest), and execute()'s placement messages."""
 
 from __future__ import annotations
 
@@ -7,15 +8,14 @@ import hashlib
 import io
 import json
 import os
+import re
 import struct
 import threading
 from pathlib import Path
 
+import flashfleet.stage as fs
 import pytest
-
-from tests.conftest import ROOT, load_file
-
-fs = load_file(ROOT / "roles/dataset/library/flashfleet_stage.py")
+from flashfleet.contract import safetensors
 
 
 class MemSource:
@@ -149,7 +149,7 @@ def write_safetensors(path, tensors, corrupt_len=None):
     """tensors: {name: (dtype, shape)}; zero data. Returns {name: nbytes}."""
     header, pos, sizes = {}, 0, {}
     for name, (dtype, shape) in tensors.items():
-        n = fs.DTYPE_BYTES[dtype]
+        n = safetensors.DTYPE_BYTES[dtype]
         for d in shape:
             n *= d
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + n]}
@@ -174,7 +174,7 @@ def test_safetensors_sharded_model_ok(tmp_path):
                        "w2": "model-00002-of-00002.safetensors"},
     }  # fmt: skip
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert fs.check_safetensors_dir(tmp_path) == []
+    assert fs.safetensors.check_dir(tmp_path) == []
 
 
 def test_safetensors_truncated_shard_and_bad_index(tmp_path):
@@ -183,7 +183,7 @@ def test_safetensors_truncated_shard_and_bad_index(tmp_path):
     write_safetensors(tmp_path / "m.safetensors", {"w": ("F16", (16, 16))}, corrupt_len=size - 10)
     index = {"metadata": {"total_size": full["w"] + 2}, "weight_map": {"w": "m.safetensors", "v": "gone.safetensors"}}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
-    errs = fs.check_safetensors_dir(tmp_path)
+    errs = fs.safetensors.check_dir(tmp_path)
     assert any("m.safetensors" in e and "offsets" in e for e in errs), errs
     assert any("gone.safetensors" in e for e in errs), errs
     assert any("total_size" in e for e in errs), errs
@@ -191,10 +191,22 @@ def test_safetensors_truncated_shard_and_bad_index(tmp_path):
 
 def test_safetensors_garbage_header(tmp_path):
     (tmp_path / "x.safetensors").write_bytes(struct.pack("<Q", 5) + b"{oops" + b"\0" * 4)
-    errs = fs.check_safetensors_dir(tmp_path)
+    errs = fs.safetensors.check_dir(tmp_path)
     assert errs and "not JSON" in errs[0]
     (tmp_path / "x.safetensors").write_bytes(struct.pack("<Q", 10**9) + b"{}")
-    assert "does not fit" in fs.check_safetensors_dir(tmp_path)[0]
+    assert "does not fit" in fs.safetensors.check_dir(tmp_path)[0]
+
+
+@pytest.mark.parametrize("entry, needle", [
+    ({"dtype": "F16", "shape": ["four"], "data_offsets": [0, 2]}, "w: malformed entry"),
+    ({"dtype": ["F16"], "shape": [1], "data_offsets": [0, 2]}, "w: unknown dtype"),
+    ({"dtype": "F16", "shape": [1], "data_offsets": ["0", None]}, "w: malformed entry"),
+])
+def test_safetensors_header_of_wrong_types_is_a_problem_not_a_crash(tmp_path, entry, needle):
+    header = json.dumps({"w": entry}).encode()
+    (tmp_path / "x.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0")
+    errs = fs.safetensors.check_dir(tmp_path)
+    assert any(needle in e for e in errs), errs
 
 
 # ---------------------------------------------------------------- stage() end to end
@@ -289,9 +301,9 @@ def test_quick_verify_hashes_only_files_touched_since_their_last_verification(tm
     exp = expected_for(files)
     recorded = _recorded_after(fs.stage(MemSource(files), exp, str(tmp_path), 4, 2)[0], files, tmp_path)
     hashed = []
-    real_hash = fs.hash_file
-    monkeypatch.setattr(fs, "hash_file", lambda path, limit=None: (hashed.append(os.path.basename(path)),
-                                                                    real_hash(path, limit))[1])
+    real_digests = fs.files.digests
+    monkeypatch.setattr(fs.files, "digests", lambda path, algorithms=("sha256",), limit=None: (
+        hashed.append(os.path.basename(path)), real_digests(path, algorithms, limit))[1])
     res, _ = fs.stage(MemSource(files), exp, str(tmp_path), 4, 2, recorded=recorded)
     assert counts(res) == {"skipped": len(files)} and hashed == []
 
@@ -352,3 +364,86 @@ def test_local_manifest_skips_state_files(tmp_path):
     (tmp_path / fs.MANIFEST_NAME).write_text("{}")
     (tmp_path / ("b" + fs.PART_SUFFIX)).write_bytes(b"2")
     assert list(fs.local_manifest(str(tmp_path))) == ["a"]
+
+
+# ---------------------------------------------------------------- execute(): the module's options in, result out
+
+
+def _params(**kw):
+    """Every option of the flashfleet_stage module, at its argument-spec default."""
+    base = dict(src=None, dest=None, fallback_dest=None, fallback_policy="warn", free_margin_ratio=0.1,
+                free_margin_bytes=0, manifest=None, files=None, concurrency=8, endpoint_url=None,
+                region="us-east-1", access_key=None, secret_key=None, session_token=None, verify_tls=True,
+                retries=3, check_safetensors=False, host_label="gpu01", mode="stage", verify="quick")
+    return base | kw
+
+
+def _too_big_for_dest(tmp_path, **kw):
+    """A verify-only staging whose margin no file system can keep: it must go to fallback_dest."""
+    data = b"model bytes"
+    return _params(dest=str(tmp_path / "shm" / "m"), fallback_dest=str(tmp_path / "disk" / "m"),
+                   manifest={"w.bin": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}},
+                   free_margin_bytes=2**62, **kw)
+
+
+def test_fallback_warning_names_the_fallback_directory(tmp_path):
+    """The warning used to print the literal text {p['fallback_dest']} (a missing f-string)."""
+    warnings = []
+    p = _too_big_for_dest(tmp_path)
+    result = fs.execute(p, warn=warnings.append)
+    assert result["placement"] == "fallback" and result["dest"] == p["fallback_dest"]
+    assert result["missing"] == ["w.bin"]  # verify-only: the caller copies it (rsync)
+    (warning,) = warnings
+    assert f"gpu01: 11 B does not fit in {p['dest']} with the margin" in warning
+    assert f"staged to {p['fallback_dest']} on disk instead" in warning
+    assert "{" not in warning and "dataset_model_shm_required: true" in warning
+
+
+def test_fallback_policy_fail_is_an_error_naming_both_places(tmp_path):
+    p = _too_big_for_dest(tmp_path, fallback_policy="fail")
+    with pytest.raises(fs.StageError) as err:
+        fs.execute(p, warn=pytest.fail)
+    msg = str(err.value)
+    assert f"does not fit in {p['dest']}" in msg and p["fallback_dest"] in msg
+    assert "dataset_model_shm_required is true" in msg and "{" not in msg
+    assert not (tmp_path / "disk").exists() and not (tmp_path / "shm").exists()
+
+
+def test_room_enough_stays_in_the_preferred_place_and_verifies(tmp_path):
+    data = b"model bytes"
+    dest = tmp_path / "shm" / "m"
+    dest.mkdir(parents=True)
+    (dest / "w.bin").write_bytes(data)
+    p = _params(dest=str(dest), fallback_dest=str(tmp_path / "disk" / "m"),
+                manifest={"w.bin": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}})
+    result = fs.execute(p, warn=pytest.fail)
+    assert result["placement"] == "preferred" and result["missing"] == [] and result["changed"]
+    assert fs.read_recorded(str(dest))["w.bin"]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert fs.execute(p, warn=pytest.fail)["changed"] is False  # the manifest is already written
+
+
+def test_a_staged_model_with_a_broken_shard_fails_naming_it(tmp_path):
+    dest = tmp_path / "m"
+    dest.mkdir()
+    write_safetensors(dest / "model.safetensors", {"w": ("F16", (4, 4))})
+    blob = (dest / "model.safetensors").read_bytes()[:-2]  # truncated
+    (dest / "model.safetensors").write_bytes(blob)
+    p = _params(dest=str(dest), check_safetensors=True,
+                manifest={"model.safetensors": {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}})
+    with pytest.raises(fs.StageError, match=r"safetensors check failed in .*model.safetensors: .*Fix:") as err:
+        fs.execute(p)
+    assert err.value.result == {"dest": str(dest)}
+
+
+@pytest.mark.parametrize("p, needle", [
+    ({"mode": "manifest", "src": "/nonexistent"}, "mode=manifest needs src to be a local directory"),
+    ({"dest": None}, "dest is required"),
+    ({"dest": "/x", "concurrency": 0}, "concurrency 0 is outside 1-256"),
+    ({"dest": "/x", "manifest": {"../a": {"size": 1}}}, "bad manifest"),
+    ({"dest": "/x"}, "verify-only staging (no src) needs a manifest"),
+    ({"dest": "/x", "src": "ftp://a/b"}, "unsupported source 'ftp://a/b'"),
+    ({"dest": "/x", "src": "https://h/base/"}, "an https source needs a manifest or a files list"),
+])
+def test_bad_options_fail_with_a_message(p, needle):
+    with pytest.raises(fs.StageError, match=re.escape(needle)):
+        fs.execute(_params(**p))

@@ -14,14 +14,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import flashfleet.report as fr
 import pytest
 
-from tests.conftest import ROOT, load_file
-
 pytest.importorskip("matplotlib")
-
-REPORT = ROOT / "roles" / "run_collect" / "files" / "flashfleet_report.py"
-fr = load_file(REPORT, "flashfleet_report_browser")
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (Debian package `chromium`)")

@@ -7,15 +7,13 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
+import flashfleet.report as fr
 import pytest
-
-from tests.conftest import ROOT, load_file
+from flashfleet.contract import metrics
 
 pytest.importorskip("matplotlib")
-
-REPORT = ROOT / "roles" / "run_collect" / "files" / "flashfleet_report.py"
-fr = load_file(REPORT)
 
 
 def _metrics(n: int, t0: float = 1_764_525_600.0) -> str:
@@ -64,7 +62,7 @@ def test_report_has_table_and_all_plots(run_dir):
 
 def test_report_without_metrics_and_cli(run_dir, tmp_path):
     (run_dir / "gpu01" / "metrics.jsonl").unlink()
-    res = subprocess.run([sys.executable, str(REPORT), str(run_dir), "-o", str(tmp_path / "r.html")],
+    res = subprocess.run([sys.executable, "-m", "flashfleet.report", str(run_dir), "-o", str(tmp_path / "r.html")],
                          capture_output=True, text=True, check=True)
     assert res.stdout.strip() == str(tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text()
@@ -75,3 +73,26 @@ def test_summary_row_shows_the_last_steps_loss_not_the_final_tau_record(run_dir)
     hosts = fr.load_run(run_dir)
     row = dict(zip(fr.HEAD, fr.summary_rows(hosts)[0], strict=True))
     assert row["tau"] == "4.12" and row["loss"] != "-"
+
+
+def test_console_script_writes_the_report(run_dir):
+    """`flashfleet-report RUN_DIR` (pyproject's console script) is the same entry point."""
+    script = Path(sys.executable).with_name("flashfleet-report")
+    if not script.exists():
+        pytest.skip("the project is not installed with its console scripts in this venv")
+    res = subprocess.run([str(script), str(run_dir)], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == str(run_dir / "report.html") and (run_dir / "report.html").is_file()
+
+
+def test_every_plotted_key_is_a_metrics_key_of_the_contract():
+    plotted = {key for _title, _y, keys, _log in fr.PLOTS for key, _label in keys} | {fr.ACC}
+    assert plotted - {fr.PEAK_MEM_GIB} <= set(metrics.STEP_KEYS) | set(metrics.EVAL_KEYS)
+    assert {metrics.LOSS, metrics.TAU} <= plotted
+
+
+def test_a_status_json_that_is_not_a_status_record_is_left_out(run_dir):
+    (run_dir / "gpu01" / "status.json").write_text(json.dumps({"phase": "exploded"}))
+    hosts = fr.load_run(run_dir)
+    assert hosts["gpu01"]["status"] == {} and hosts["gpu01"]["metrics"]
+    row = dict(zip(fr.HEAD, fr.summary_rows(hosts)[0], strict=True))
+    assert row["phase"] == "-" and row["step"] == "120"  # the step from the newest step record

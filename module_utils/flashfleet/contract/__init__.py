@@ -10,6 +10,6 @@
     metrics     the metrics.jsonl record: its keys, written down once, and a tolerant reader
 
 Host paths (/opt/flashfleet/venv, /var/lib/flashfleet/runs, /etc/flashfleet/runs) are Ansible
-variables, set once in roles/flashfleet_layout/defaults/main.yml; the Python here takes them
+variables, set once in roles/flashfleet_contract/defaults/main.yml; the Python here takes them
 as arguments.
 """

@@ -11,6 +11,7 @@ one (`2.13.0+cpu`); a pin with a local label must match exactly.
 
 import re
 
+_COMMENT = re.compile(r"(^|\s)#.*$")  # as pip: `#` at the start or after whitespace
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*===?\s*([^\s,;]+)$")
 
 # Run with the venv's interpreter: {distribution name: version} as the trainer would import it.
@@ -28,11 +29,11 @@ def normalize(name: str) -> str:
 def parse(text: str) -> dict[str, str]:
     """{normalized name: version}; ValueError names the first line that is not a pin."""
     pins: dict[str, str] = {}
-    logical, start = "", 1
+    logical, start, first = "", 1, ""
     for number, raw in enumerate(text.splitlines(), start=1):
         if not logical:
-            start = number
-        line = raw.split(" #", 1)[0] if not raw.lstrip().startswith("#") else ""
+            start, first = number, raw
+        line = _COMMENT.sub("", raw)
         if line.rstrip().endswith("\\"):
             logical += line.rstrip()[:-1] + " "
             continue
@@ -43,7 +44,7 @@ def parse(text: str) -> dict[str, str]:
         line = line.split(" --hash", 1)[0].split(";", 1)[0].strip()
         match = _PIN.match(line)
         if not match:
-            raise ValueError(f"line {start} is not a name==version pin: {raw.strip()!r}")
+            raise ValueError(f"line {start} is not a name==version pin: {first.strip()!r}")
         pins[normalize(match.group(1))] = match.group(3)
     if not pins:
         raise ValueError("the lock has no pins")

@@ -39,17 +39,17 @@ def parse_header(head8: bytes, header_bytes: bytes, file_size: int) -> tuple[dic
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (start, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
+            dtype, shape, (start, end) = info["dtype"], [int(d) for d in info["shape"]], info["data_offsets"]
             start, end = int(start), int(end)
         except (KeyError, TypeError, ValueError):
             problems.append(f"{name}: malformed entry")
             continue
-        if dtype not in DTYPE_BYTES:
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
             problems.append(f"{name}: unknown dtype {dtype}")
             continue
         count = 1
         for d in shape:
-            count *= int(d)
+            count *= d
         nbytes = count * DTYPE_BYTES[dtype]
         if not (0 <= start <= end <= data_len):
             problems.append(f"{name}: offsets {start}-{end} outside the {data_len}-byte data")

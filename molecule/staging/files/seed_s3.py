@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
 import statistics
 import struct
+import sys
 import time
 import urllib.request
 
@@ -106,10 +106,9 @@ def seed(out_path):
     os.replace(out_path + ".tmp", out_path)
 
 
-def bench(creds_path, files, mib, levels, runs, module_path):
-    spec = importlib.util.spec_from_file_location("flashfleet_stage", module_path)
-    fs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fs)
+def bench(creds_path, files, mib, levels, runs, package_dir):
+    sys.path.insert(0, package_dir)  # the folder holding the project's `flashfleet` package
+    import flashfleet.stage as fs
     creds = json.load(open(creds_path))
     kw = dict(endpoint_url=ENDPOINT, region="us-east-1", access_key=creds["access_key"],
               secret_key=creds["secret_key"], session_token=None, verify=True, host="bench")  # fmt: skip
@@ -143,7 +142,7 @@ def main():
     s.add_argument("--out", required=True)
     b = sub.add_parser("bench")
     b.add_argument("--creds", default="/opt/ff-test-s3/expected.json")
-    b.add_argument("--module", default="/opt/ff-test-s3/flashfleet_stage.py")
+    b.add_argument("--package-dir", default="/opt/ff-test-s3", help="where the flashfleet package was copied")
     b.add_argument("--files", type=int, default=16)
     b.add_argument("--mib", type=int, default=8)
     b.add_argument("--levels", default="1,8", help="concurrency levels, comma separated (1 = one at a time)")
@@ -152,7 +151,7 @@ def main():
     if a.cmd == "seed":
         seed(a.out)
     else:
-        bench(a.creds, a.files, a.mib, [int(x) for x in a.levels.split(',')], a.runs, a.module)
+        bench(a.creds, a.files, a.mib, [int(x) for x in a.levels.split(',')], a.runs, a.package_dir)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ from flashfleet.contract import locks
 from tests.conftest import ROOT
 
 # Not in the lock on purpose: the project itself (installed editable after the sync) and the
-# installers `python3 -m venv` seeds.
-NOT_LOCKED = ("flashfleet", "pip", "setuptools")
+# installer `python3 -m venv` seeds.
+NOT_LOCKED = ("flashfleet", "pip")
 
 
 @pytest.mark.skipif(Path(sys.prefix).resolve() != (ROOT / ".venv").resolve(),
@@ -24,3 +24,13 @@ def test_controller_venv_matches_its_lock():
     locked = locks.parse((ROOT / "requirements" / "controller.lock").read_text())
     drift = locks.compare(locked, json.loads(out.stdout), ignore=NOT_LOCKED)
     assert not drift, "\n" + locks.table(drift) + "\nfix: make venv (re-syncs the venv to the lock)"
+
+
+@pytest.mark.skipif(Path(sys.prefix).resolve() != (ROOT / ".venv").resolve(),
+                    reason="runs in the project's own .venv (made by `make venv`)")
+def test_controller_lock_is_complete():
+    """`uv pip sync` installs only what is locked: every requirement of every locked package must be
+    locked too (a lock made by `pip freeze` leaves setuptools out, which torch needs)."""
+    uv = Path(sys.executable).parent / "uv"
+    out = subprocess.run([str(uv), "pip", "check", "--python", sys.executable], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

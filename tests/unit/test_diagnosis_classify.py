@@ -35,6 +35,9 @@ def test_fixture_verdict(name):
         assert result["cause"]["verdict"] == exp["cause"], result
     if "reason_has" in exp:
         assert exp["reason_has"] in result["reason"], result
+    if "action" in exp:
+        assert result["action"] == exp["action"], result
+    assert result["action"] in fc.ACTIONS, result
     assert result["next_step"], result
     if result["verdict"] not in ("not-started", "running", "unknown"):
         assert result["evidence"], "a verdict needs the lines that prove it"
@@ -255,3 +258,148 @@ def test_running_again_after_a_manual_relaunch_is_not_called_a_restart():
         assert "earlier invocation ended: killed-by-signal" in result["reason"]
         # and that death keeps its time, for naming the first host of a multi-node run
         assert result["previous"]["ended_at"] == invocations[-2].exit_ts is not None
+
+
+# --- actions, the other evidence, systemd's outcomes (issue: every piece of evidence) ------------
+
+
+def test_every_action_is_in_the_one_table():
+    used = set(fc.VERDICT_ACTIONS.values()) | {a for _, _, a, _ in fc.XID_CATALOG.values()}
+    used |= set(fc.RECOVERY_ACTIONS.values()) | {a for *_, a in fc.HINTS} | {a for _, _, a, _ in fc.HOST_SIGNATURES}
+    used |= set(fc.EXEC_STEP_ACTIONS.values()) | {a for _, a in fc.NCCL_LAST_ERROR_ACTIONS} - {"cuda-oom", "disk-full"}
+    assert used <= set(fc.ACTIONS), used - set(fc.ACTIONS)
+    assert set(fc.GPU_ACTION_ORDER) <= set(fc.ACTIONS)
+    verdicts = {v for v in fc.VERDICTS if v != "gpu-xid-<n>"}
+    assert verdicts <= set(fc.VERDICT_ACTIONS), verdicts - set(fc.VERDICT_ACTIONS)
+
+
+def test_xid_classes_follow_the_catalog():
+    """NVIDIA's Xid catalog buckets: 13/31 restart the application, 48/95/119 reset the GPU, 79 reboot."""
+    kinds = {code: (kind, action) for code, (kind, _bucket, action, _m) in fc.XID_CATALOG.items()}
+    assert kinds[13] == ("application", "restart-app") and kinds[31] == ("application", "restart-app")
+    assert kinds[48] == ("hardware", "reset-gpu") and kinds[95] == ("hardware", "reset-gpu")
+    assert kinds[119] == ("hardware", "reset-gpu") and kinds[79] == ("hardware", "reboot-node")
+    assert kinds[63][0] == "info" and kinds[94] == ("hardware", "restart-app")
+    ev = evidence("handbuilt/gpu-xid-79.json")
+    ev["kernel"]["entries"][1]["MESSAGE"] = ev["kernel"]["entries"][1]["MESSAGE"].replace("): 79,", "): 63,")
+    out = fc.classify(ev)  # an informational Xid alone is not the cause; it is named
+    assert out["verdict"] == "crash" and "Xid 63 (informational" in out["reason"]
+
+
+def test_the_first_hardware_xid_is_the_root_and_the_others_are_listed():
+    out = fc.classify(evidence("handbuilt/gpu-xid-119-first-of-three.json"))
+    assert out["verdict"] == "gpu-xid-119" and [x["code"] for x in out["xids"]] == [119, 79, 154]
+    assert out["action"] == "reboot-node", "a later Xid 79 / Xid 154 'Node Reboot Required' needs more than a reset"
+    assert "Xid 79" in out["reason"] and "Node Reboot Required" in out["reason"]
+    ev = evidence("handbuilt/gpu-xid-119-first-of-three.json")
+    ev["kernel"]["entries"].reverse()  # now Xid 79 is the first hardware one (154 only states an action)
+    out = fc.classify(ev)
+    assert out["verdict"] == "gpu-xid-79" and [x["code"] for x in out["xids"]] == [154, 79, 119]
+
+
+def test_xid_154_states_the_recovery_action():
+    ev = evidence("handbuilt/gpu-xid-79.json")
+    line = "NVRM: Xid (PCI:0000:c1:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+    ev["kernel"]["entries"] = [dict(ev["kernel"]["entries"][0], MESSAGE=line)]
+    out = fc.classify(ev)
+    assert out["verdict"] == "gpu-xid-154" and out["action"] == "reset-gpu"
+    ev["kernel"]["entries"][0]["MESSAGE"] = line.replace("0x1 (GPU Reset Required)", "0x2 (Node Reboot Required)")
+    assert fc.classify(ev)["action"] == "reboot-node"
+
+
+def test_a_follow_on_xid_that_names_its_cause_points_at_the_root():
+    ev = evidence("handbuilt/crash-app-xid-13.json")
+    ev["kernel"]["entries"][0]["MESSAGE"] = ("NVRM: Xid (PCI:0000:c1:00): 45, pid=4242, name=python3, Ch 00000001 "
+                                             "caused by previous Xid 95")
+    out = fc.classify(ev)
+    assert out["verdict"] == "gpu-xid-95" and out["action"] == "reset-gpu"
+
+
+def test_a_config_exit_with_a_host_fault_underneath_names_the_host():
+    out = fc.classify(evidence("handbuilt/init-crash-driver-mismatch-config-exit.json"))
+    assert out["verdict"] == "init-crash" and out["cause"]["verdict"] == "driver-mismatch"
+    assert out["action"] == "fix-driver" and "config error" in out["reason"]
+    ev = evidence("handbuilt/init-crash-driver-mismatch-config-exit.json")
+    ev["kernel"]["entries"] = []  # without the kernel's word it is the configuration
+    out = fc.classify(ev)
+    assert out["cause"]["verdict"] == "crash" and out["cause"]["kind"] == "config-error" and out["action"] == "fix-config"
+
+
+def test_nvml_errors_in_the_gpu_evidence():
+    ev = evidence("handbuilt/gpu-unavailable.json")
+    ev["gpu"] = {"present": True, "readable": True, "error": None, "csv": "",
+                 "gpus": [{"index": "7", "name": "NVIDIA H200", "memory.used": "[GPU requires reset]"}]}
+    out = fc.classify(ev)
+    assert out["verdict"] == "gpu-unavailable" and out["action"] == "reset-gpu"
+    ev["gpu"] = {"present": True, "readable": True, "error": None, "gpus": [{"index": "0", "recovery_action": "None"}]}
+    assert fc.classify(ev)["verdict"] == "crash"  # no host finding: the CUDA error itself
+
+
+def test_a_host_finding_does_not_hide_an_unrelated_exception():
+    ev = evidence("handbuilt/crash.json")
+    ev["gpu"] = {"present": True, "readable": False, "error": "Failed to initialize NVML: Driver/library version mismatch"}
+    out = fc.classify(ev)
+    assert out["verdict"] == "crash" and "KeyError" in out["reason"]
+    assert "also on this host: driver-mismatch" in out["reason"]
+    assert any("nvidia-smi failed" in w for w in out["warnings"])
+
+
+def test_gpu_trouble_while_running_is_a_warning():
+    ev = evidence("handbuilt/running.json")
+    ev["gpu"] = {"present": True, "readable": False, "error": "Failed to initialize NVML: Driver/library version mismatch"}
+    out = fc.classify(ev)
+    assert out["verdict"] == "running" and out["action"] == "none"
+    assert any(w.startswith("driver-mismatch while running (fix-driver)") for w in out["warnings"])
+
+
+def test_multi_line_exceptions_are_kept_whole():
+    out = fc.classify(evidence("handbuilt/nccl-error.json"))
+    assert "ncclRemoteError" in out["reason"] and "Connection closed by remote peer gpu02" in out["reason"]
+    assert any("Last error:" in line for line in out["evidence"])
+    assert out["last_error"].startswith("socketProgress: Connection closed")
+    out = fc.classify(evidence("handbuilt/init-crash-exception.json"))
+    assert "Extra inputs are not permitted" in out["reason"]
+    block = fc.exception_block([(None, "Traceback (most recent call last):"), (None, '  File "x.py", line 1, in <module>'),
+                                (None, "ValueError: bad"), (None, "second line of the message"),
+                                (None, "[2024-03-18 17:38:50,208] torch.distributed.elastic: [ERROR] failed")])
+    assert block["text"] == "ValueError: bad / second line of the message"
+
+
+def test_native_crashes_name_the_library():
+    out = fc.classify(evidence("handbuilt/native-crash.json"))
+    assert out["verdict"] == "native-crash" and out["library"].startswith("libcuda.so")
+    ev = evidence("handbuilt/native-crash.json")  # another process's segfault is not the run's
+    ev["kernel"]["entries"][0]["MESSAGE"] = ev["kernel"]["entries"][0]["MESSAGE"].replace("python3[4242]", "Xorg[991]")
+    ev["unit_props"]["properties"].update(ExecMainCode="1", ExecMainStatus="1", Result="exit-code")
+    assert fc.classify(ev)["verdict"] == "crash"
+    ev = evidence("handbuilt/crash.json")  # a Python exception first: the abort after it is its teardown
+    ev["journal"]["entries"].insert(-2, dict(ev["journal"]["entries"][-3], MESSAGE="terminate called without an active exception"))
+    assert fc.classify(ev)["verdict"] == "crash"
+    app = [(1.0, "terminate called after throwing an instance of 'c10::Error'"),
+           (1.0, "  what():  CUDA error: an illegal memory access was encountered")]
+    nat = fc.native_crash(app, [], {}, set())
+    assert "c10::Error" in nat["message"] and "illegal memory access" in nat["message"]
+
+
+def test_systemd_start_outcomes():
+    out = fc.classify(evidence("handbuilt/start-limit-hit.json"))
+    assert out["verdict"] == "start-limit-hit" and out["action"] == "reset-failed"
+    assert "reset-failed" in out["next_step"] and "restarts on failure" not in out["next_step"]
+    assert out["cause"]["verdict"] == "crash" and "KeyError" in out["cause"]["reason"]
+    out = fc.classify(evidence("handbuilt/start-timeout.json"))
+    assert out["verdict"] == "start-timeout" and "TimeoutStartSec (30min)" in out["reason"]
+    assert "start_timeout_s" in out["next_step"]
+    out = fc.classify(evidence("handbuilt/exec-failed.json"))
+    assert out["verdict"] == "exec-failed" and out["exec_step"] == "EXEC" and out["action"] == "fix-venv"
+    ev = evidence("handbuilt/stopped.json")  # a stop that timed out is a stop, not a start timeout
+    ev["unit_props"]["properties"].update(Result="timeout", ExecMainCode="2", ExecMainStatus="9",
+                                          ExecMainStartTimestamp=f"@{1764525600:.6f}",
+                                          ExecMainExitTimestamp=f"@{1764525600 + 3100:.6f}")
+    assert fc.classify(ev)["verdict"] == "stopped"
+
+
+def test_the_table_shows_the_action():
+    rows = [fc.classify(evidence("handbuilt/gpu-xid-79.json")), {"host": "gone", "verdict": "unreachable"}]
+    lines = fc.table(rows).splitlines()
+    assert lines[0].split()[:3] == ["host", "verdict", "action"]
+    assert "reboot-node" in lines[1] and "check-host" in lines[2]

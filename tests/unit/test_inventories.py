@@ -72,3 +72,38 @@ def test_the_cuda_lock_is_torchs_cuda_13_build_and_shares_every_other_pin_with_t
     shared = set(cpu) & set(cuda) - {"torch"}
     assert {p for p in shared if cpu[p] != cuda[p]} == set()
     assert {"wandb", "pydantic", "transformers"} <= shared
+
+
+def test_example_v2_trains_the_published_qwen36_27b_drafter_and_passes_check(tmp_path, monkeypatch):
+    """v2's target is a Qwen3.6-27B directory: its flags, run through --check's preflight on a
+    directory with that model's config.json and header-only fake weights (--check reads headers,
+    never data), give exactly the published DFlash drafter's shape."""
+    from flashfleet_trainer import preflight as pf
+
+    from tests.unit.test_qwen35_check import PUBLISHED_27B_DRAFTER, QWEN36_27B, fake_wrapped_checkpoint
+
+    v2 = dict(_runs(_inventory("example"))["v2"]["trainer"])
+    assert v2["target_model"].rstrip("/").endswith("Qwen3.6-27B")
+    model = fake_wrapped_checkpoint(tmp_path / "Qwen3.6-27B", QWEN36_27B)
+    data = tmp_path / "data"
+    data.mkdir()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3, 4]] * 2}), data / "x.parquet")
+    # the host here has no GPUs and not the fleet's memory: the devices are what is not under test
+    v2.update(target_model=str(model), data_dir=str(data), output_dir=str(tmp_path / "run"), target_gpus="cpu",
+              drafter_gpus="cpu")
+    monkeypatch.setattr(pf, "_mem_available_bytes", lambda: 1 << 50)
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(v2))
+    plan = pf.preflight(parse_args(["--config", str(path)]))
+    d = plan.drafter_config
+    for k, v in PUBLISHED_27B_DRAFTER.items():
+        assert getattr(d, k) == v, k
+    # and the explicit flags are the defaults for this target: dropping them changes nothing
+    for k in ("target_layers", "mask_token_id", "drafter_layer_types", "sliding_window", "drafter_num_heads",
+              "drafter_num_kv_heads", "drafter_head_dim", "drafter_intermediate_size"):
+        v2.pop(k)
+    path.write_text(json.dumps(v2))
+    assert pf.preflight(parse_args(["--config", str(path)])).drafter_config == d

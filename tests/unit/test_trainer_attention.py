@@ -192,3 +192,180 @@ def test_optimizer_state_resumes_across_fused_and_foreach(saver_fused, loader_fu
         step(w_a, opt_a, i)
         step(w_b, opt_b, i)
     assert torch.allclose(w_a, w_b, atol=1e-6)
+
+
+# ---- sliding-window layers (DrafterConfig.layer_types / sliding_window) ---------------------------
+
+WINDOWS = [1, 2, 3, 4, 5, 16, 17, 100, 10_000]
+
+
+def _reference_mask(seq, anchor, block_size, window):
+    """The mask from its definition, one (row, key) pair at a time: a row of block j (sequence s,
+    anchor a, slot k, position p = a + k) sees context of s at positions < a and its own block's
+    slots; a sliding layer only keys at positions q <= p with p - q < W (the query counts)."""
+    ctx_seq, ctx_pos, _, _ = block_attention_inputs(seq, anchor, block_size)
+    n, t = len(anchor), len(ctx_seq)
+    want = torch.zeros(n * block_size, t + n * block_size, dtype=torch.bool)
+    for j in range(n):
+        s, a = int(seq[j]), int(anchor[j])
+        for k in range(block_size):
+            r, p = j * block_size + k, a + k
+            for c in range(t):
+                q = int(ctx_pos[c])
+                want[r, c] = int(ctx_seq[c]) == s and q < a and (window is None or (q <= p and p - q < window))
+            for k2 in range(block_size):
+                q = a + k2
+                want[r, t + j * block_size + k2] = window is None or (q <= p and p - q < window)
+    return want
+
+
+@pytest.mark.parametrize("window", [None, *WINDOWS])
+def test_dense_sliding_mask_is_its_definition(window):
+    rng = np.random.default_rng(0 if window is None else window)
+    for block_size in (3, 4):
+        for _ in range(3):
+            seq, anchor = _random_micro_batch(rng, block_size)
+            keep = anchor < 120  # keep the brute force small
+            seq, anchor = seq[keep], anchor[keep]
+            if len(anchor) == 0:
+                continue
+            *_, mask = block_attention_inputs(seq, anchor, block_size, window)
+            assert torch.equal(mask, _reference_mask(seq, anchor, block_size, window))
+
+
+def test_sliding_window_edges():
+    """W = 1: each row sees itself only; W >= context + block: causal in the block, whole context."""
+    seq, anchor = torch.tensor([0, 0]), torch.tensor([5, 9])
+    *_, m1 = block_attention_inputs(seq, anchor, 4, 1)
+    t = 9  # context gathered: positions 0..8 of sequence 0
+    assert not m1[:, :t].any() and torch.equal(m1[:, t:], torch.eye(8, dtype=torch.bool))
+    *_, full = block_attention_inputs(seq, anchor, 4)
+    *_, wide = block_attention_inputs(seq, anchor, 4, 10_000)
+    assert torch.equal(wide[:, :t], full[:, :t])  # the same context as a full layer
+    causal = torch.tril(torch.ones(4, 4, dtype=torch.bool))
+    assert torch.equal(wide[:4, t:t + 4], causal) and torch.equal(wide[4:, t + 4:], causal)
+    assert not wide[:4, t + 4:].any() and not wide[4:, t:t + 4].any()
+    # W = 3 at anchor 9: slot 0 (p 9) sees context 7, 8; slot 2 (p 11) sees no context, slots 0..2
+    *_, w3 = block_attention_inputs(seq, anchor, 4, 3)
+    assert w3[4, :t].nonzero().flatten().tolist() == [7, 8]
+    assert not w3[6, :t].any() and w3[6, t + 4:].tolist() == [True, True, True, False]
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_flex_sliding_intervals_equal_the_dense_sliding_mask(window):
+    rng = np.random.default_rng(100 + window)
+    for block_size in (4, 16):
+        for _ in range(12):
+            seq, anchor = _random_micro_batch(rng, block_size)
+            ctx_seq, ctx_pos, block_pos, mask = block_attention_inputs(seq, anchor, block_size, window)
+            lay = block_mask_intervals(seq, anchor, block_size, window)
+            full = block_mask_intervals(seq, anchor, block_size)
+            for k in ("ctx_seq", "ctx_pos", "block_pos"):  # one gather for every layer kind
+                assert torch.equal(lay[k], full[k])
+            assert (lay["t"], lay["t_pad"], lay["q_len"], lay["kv_len"]) == \
+                (full["t"], full["t_pad"], full["q_len"], full["kv_len"])
+            t, t_pad, m = lay["t"], lay["t_pad"], lay["m"]
+            want = torch.zeros(lay["q_len"], lay["kv_len"], dtype=torch.bool)
+            want[:m, :t] = mask[:, :t]
+            want[:m, t_pad:t_pad + m] = mask[:, t:]
+            assert torch.equal(_dense_predicate(lay), want)
+
+
+@needs_flex
+@pytest.mark.parametrize("window", [1, 7, 100, 300])
+def test_sliding_block_mask_lists_exactly_the_tiles_the_mask_touches(window):
+    rng = np.random.default_rng(window)
+    for _ in range(6):
+        seq, anchor = _random_micro_batch(rng, 16)
+        lay = block_mask_intervals(seq, anchor, 16, window)
+        bm = interval_block_mask(lay["lo"], lay["hi"], lay["blo"], lay["bhi"], lay["q_len"], lay["kv_len"])
+        dense = _dense_predicate(lay)
+        qb, kb = lay["q_len"] // TILE, lay["kv_len"] // TILE
+        tiles = dense.view(qb, TILE, kb, TILE)
+        touched, covered = tiles.any(3).any(1), tiles.all(3).all(1)
+        listed = torch.zeros(qb, kb, dtype=torch.bool)
+        full = torch.zeros(qb, kb, dtype=torch.bool)
+        for i in range(qb):
+            listed[i, bm.kv_indices[0, 0, i, : bm.kv_num_blocks[0, 0, i]].long()] = True
+            full[i, bm.full_kv_indices[0, 0, i, : bm.full_kv_num_blocks[0, 0, i]].long()] = True
+        assert not (listed & full).any() and torch.equal(listed | full, touched) and not (full & ~covered).any()
+
+
+def _mixed_drafter(window, layer_types=("sliding_attention", "full_attention", "sliding_attention")):
+    cfg = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=8, num_hidden_layers=len(layer_types), target_layer_ids=[0, 1], block_size=4,
+                        mask_token_id=3, vocab_size=50, layer_types=list(layer_types), sliding_window=window)
+    torch.manual_seed(0)
+    return DFlashDrafter(cfg).eval(), torch.randn(50, 32)
+
+
+def _blocks(rng, lengths=(90, 200, 60), per_seq=12, block_size=4):
+    xs = [rng.integers(0, 50, size=n) for n in lengths]
+    anchors = [np.sort(rng.choice(np.arange(1, len(x) - 1), size=per_seq, replace=False)) for x in xs]
+    return xs, anchors, build_blocks(xs, [np.ones(len(x)) for x in xs], anchors, block_size, 3)
+
+
+@needs_flex
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("window", [1, 3, 9, 64])
+def test_flex_forward_with_sliding_layers_matches_dense_on_cpu(window):
+    drafter, embed = _mixed_drafter(window)
+    _, _, blocks = _blocks(np.random.default_rng(window))
+    feats = torch.randn(3, 200, 64)
+    with torch.no_grad():
+        dense = drafter_hidden(drafter, embed, feats, blocks, attn_impl="dense")
+        try:
+            flex = drafter_hidden(drafter, embed, feats, blocks, attn_impl="flex")
+        except (NotImplementedError, RuntimeError) as e:  # pragma: no cover - depends on the torch build
+            pytest.skip(f"flex_attention does not run on CPU in torch {torch.__version__}: {e}")
+    assert torch.allclose(flex, dense, atol=1e-5, rtol=1e-5)
+    # the window is in effect: the same drafter with all-full layers computes something else
+    full, _ = _mixed_drafter(None, ("full_attention",) * 3)
+    full.load_state_dict(drafter.state_dict())
+    with torch.no_grad():
+        unwindowed = drafter_hidden(full, embed, feats, blocks, attn_impl="dense")
+    assert not torch.allclose(unwindowed, dense, atol=1e-4)
+
+
+def test_sliding_layers_are_causal_in_the_block_and_windowed_over_the_context():
+    drafter, embed = _mixed_drafter(5, ("sliding_attention", "sliding_attention"))
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 50, size=40)
+    blocks = build_blocks([x], [np.ones(40)], [np.array([20])], 4, 3)
+    feats = torch.randn(1, 40, 64)
+    with torch.no_grad():
+        base = drafter_hidden(drafter, embed, feats, blocks)
+        later_slot = blocks.input_ids.clone()
+        later_slot[0, 2] = 7  # a later block token: slots 0 and 1 must not change
+        blocks2 = type(blocks)(blocks.seq, blocks.anchor, later_slot, blocks.labels, blocks.teacher_pos)
+        b2 = drafter_hidden(drafter, embed, feats, blocks2)
+        assert torch.allclose(b2[0, :2], base[0, :2], atol=1e-6) and not torch.allclose(b2[0, 2:], base[0, 2:])
+        # position 20 (slot 0) with W 5 sees context 16..19; two layers widen nothing (K/V come from the
+        # same context features), so a feature at 15 changes nothing and one at 16 changes slot 0
+        far = feats.clone()
+        far[0, 15] += 5.0
+        assert torch.allclose(drafter_hidden(drafter, embed, far, blocks), base, atol=1e-6)
+        near = feats.clone()
+        near[0, 16] += 5.0
+        assert not torch.allclose(drafter_hidden(drafter, embed, near, blocks)[0, 0], base[0, 0], atol=1e-4)
+
+
+def test_drafter_config_layer_types_defaults_and_old_checkpoints():
+    old = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+               num_hidden_layers=3, target_layer_ids=[0, 1], block_size=4, mask_token_id=3, vocab_size=50,
+               rms_norm_eps=1e-6, rope_theta=1e6, target_model="", model_type="dflash_drafter", extra={})
+    cfg = DrafterConfig.from_dict(old)  # a checkpoint written before layer_types existed
+    assert cfg.layer_types == ["full_attention"] * 3 and cfg.sliding_window is None
+    again = DrafterConfig.from_dict(DrafterConfig(**{**old, "layer_types": ["sliding_attention", "full_attention",
+                                                                            "full_attention"],
+                                                     "sliding_window": 8}).to_dict())
+    assert again.layer_types[0] == "sliding_attention" and again.sliding_window == 8
+    with pytest.raises(ValueError, match="sliding_window"):
+        DrafterConfig(**{**old, "layer_types": ["sliding_attention"] * 3})
+    with pytest.raises(ValueError, match="layer_types"):
+        DrafterConfig(**{**old, "layer_types": ["full_attention"] * 2})
+    from flashfleet_trainer.model import parse_layer_types
+
+    assert parse_layer_types("sliding*4,full", 5) == ["sliding_attention"] * 4 + ["full_attention"]
+    with pytest.raises(ValueError, match="not one of"):
+        parse_layer_types("linear,full", 2)

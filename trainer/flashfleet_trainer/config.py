@@ -88,12 +88,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated target decoder-layer indices whose OUTPUTS feed the drafter (0-based: "
                         "layer i = HF hidden_states[i+1]); default: num-draft-layers spread evenly over 1..L-3")
     m.add_argument("--mask-token-id", type=int, default=None,
-                   help="embedding row used for masked block positions (default: 151669 for the 151,936-row "
-                        "Qwen3 vocab, else vocab_size-1)")
+                   help="embedding row used for masked block positions, a spare row of the target's vocabulary "
+                        "(default: 151669 for the 151,936-row Qwen3 vocab, 248070 for the 248,320-row Qwen3.5/3.6 "
+                        "vocab, else vocab_size-1)")
     m.add_argument("--attn-impl", choices=("auto", "dense", "flex"), default="auto",
                    help="drafter attention: flex (torch flex_attention, compiled, computing only the score tiles "
                         "the block mask allows), dense (SDPA with the full boolean mask, the reference), or auto "
                         "(flex on a CUDA drafter, dense on CPU)")
+    m.add_argument("--drafter-layer-types", default=None, metavar="LIST",
+                   help="per draft layer full_attention|sliding_attention (or full|sliding, `sliding*4,full`); "
+                        "default: all full for a Qwen3 target, sliding x (layers-1) then full for a Qwen3.5/3.6 "
+                        "target (the published Qwen3.6-27B drafter)")
+    m.add_argument("--sliding-window", type=int, default=None, metavar="W",
+                   help="sliding_attention layers: a query at position p sees keys k <= p with p-k < W, context "
+                        "and block alike (causal in the block); default 2048 for a Qwen3.5/3.6 target")
+    m.add_argument("--drafter-num-heads", type=int, default=None,
+                   help="drafter query heads (default: the target's; 32 for a Qwen3.5/3.6 target)")
+    m.add_argument("--drafter-num-kv-heads", type=int, default=None,
+                   help="drafter KV heads (default: the target's; 8 for a Qwen3.5/3.6 target)")
+    m.add_argument("--drafter-head-dim", type=int, default=None,
+                   help="drafter head dim (default: the target's; 128 for a Qwen3.5/3.6 target)")
+    m.add_argument("--drafter-intermediate-size", type=int, default=None,
+                   help="drafter MLP width (default: the target's intermediate_size, 3 x hidden for a MoE target)")
+    m.add_argument("--allow-slow-linear-attention", action="store_true",
+                   help="start a GPU run of a hybrid (Gated-DeltaNet) target even though transformers would run "
+                        "its linear-attention layers through the slow torch fallback (flash-linear-attention "
+                        "not importable); --check refuses it otherwise")
 
     lo = p.add_argument_group("loss")
     lo.add_argument("--use-soft-labels", action="store_true", help="add KL to the target's distribution")
@@ -107,12 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--noise-start", type=float, default=0.0, help="hidden-state noise scale at step 0, relative to each token's RMS")
     lo.add_argument("--noise-end", type=float, default=0.0, help="noise scale at the last step (cosine anneal)")
     lo.add_argument("--loss-impl", choices=("auto", "triton", "torch"), default="auto",
-                    help="auto: flashfleet_kernels' fused loss if importable, else plain torch")
+                    help="auto: the Triton kernel on a CUDA drafter, flashfleet_kernels' torch reference on CPU; "
+                         "triton: insist on the kernel; torch: the reference everywhere")
 
     c = p.add_argument_group("checkpoints")
     c.add_argument("--save-interval", type=int, default=1000, help="checkpoint every N optimizer steps (and at the end)")
     c.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest K complete checkpoints")
     c.add_argument("--resume", default="auto", help="auto (newest complete checkpoint, if any), never, or a checkpoint PATH")
+    c.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start from the weights of a DFlash drafter directory (dflash-export's OUT_DIR, or a "
+                        "published drafter: config.json + model.safetensors) when no checkpoint is resumed; it "
+                        "must be the drafter this run builds (block size, draft layers, target layers, mask id, "
+                        "the target's hidden size and vocab)")
 
     e = p.add_argument_group("evaluation (real acceptance length tau, greedy speculative decoding)")
     e.add_argument("--eval-prompts", default=None, help="JSONL of {\"input_ids\": [...]} (default: <data-dir>/eval/prompts.jsonl if present)")
@@ -151,7 +177,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if unknown:
             raise ConfigError(f"unknown key(s) in --config: {', '.join(unknown)}",
                               "use flag dest names such as target_model, use_soft_labels")
-        for key in ("use_soft_labels", "check", "plan"):
+        for key in ("use_soft_labels", "check", "plan", "allow_slow_linear_attention"):
             if key in values and not isinstance(values[key], bool):
                 raise ConfigError(f"--config key {key} must be true or false", f"write \"{key}\": true")
         if isinstance(values.get("wandb_settings"), dict):
@@ -202,6 +228,9 @@ def validate_numbers(args) -> None:
         args.rdzv_endpoint = endpoint
     need(args.resume in ("auto", "never") or os.path.isdir(args.resume), f"--resume {args.resume}: not auto, "
          "never, or an existing checkpoint directory", "pass auto, never, or checkpoints/step-XXXXXXXX")
+    init_from = getattr(args, "init_from", None)
+    need(init_from is None or os.path.isdir(init_from), f"--init-from {init_from}: not a directory",
+         "pass a DFlash drafter directory (config.json + model.safetensors), e.g. dflash-export's OUT_DIR")
 
 
 def parse_devices(spec: str, flag: str) -> list[str]:

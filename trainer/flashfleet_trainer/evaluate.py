@@ -7,6 +7,9 @@ equal to the target's greedy choices is accepted, plus one bonus token from the 
 committed tokens / cycles, bonus included, so 1 <= tau <= B. This is the number that matters
 ("fixed ground truth" offline accuracies overestimate nothing and underestimate tau by ~1).
 
+`dflash-eval --drafter DIR` measures a DFlash directory (dflash-export's output, or a published
+drafter of the same format) the same way.
+
 No KV cache: every cycle re-runs the target on the whole sequence. That is exact (and simple)
 and fast enough for evaluation-sized prompts; speed here is not what is being measured.
 """
@@ -20,7 +23,14 @@ import torch
 
 from .data import Blocks
 from .loss import IGNORE
-from .model import DFlashDrafter, DrafterConfig, default_mask_token_id, default_target_layers, drafter_hidden
+from .model import (
+    DFlashDrafter,
+    DrafterConfig,
+    default_mask_token_id,
+    default_target_layers,
+    drafter_hidden,
+    text_config_of,
+)
 
 
 def load_prompts(path, limit=None) -> list[list[int]]:
@@ -47,8 +57,11 @@ def draft_block(drafter, embed_weight, lm_head_weight, feats, seq, anchor, block
 
 
 @torch.no_grad()
-def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, mask_token_id=None):
-    """Mean tau over prompts (total committed / total cycles) and per-prompt details."""
+def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, mask_token_id=None, trace=None):
+    """Mean tau over prompts (total committed / total cycles) and per-prompt details. With a list
+    `trace`, one dict per prompt is appended to it: `drafts` (each cycle's B-1 proposals),
+    `committed` (tokens committed per cycle, bonus included) and `output` (the generated tokens,
+    the target's first token included)."""
     drafter.eval()
     embed, head = producer.embed_weight, producer.lm_head_weight
     mask_id = drafter.config.mask_token_id if mask_token_id is None else mask_token_id
@@ -59,6 +72,7 @@ def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, m
         feats, last = producer.forward(torch.tensor([seq]))
         seq.append(int((last[0, -1] @ head.t()).argmax()))  # the target's first token: the first anchor
         tokens = cycles = 0
+        record = {"drafts": [], "committed": []}
         while tokens < max_new_tokens:
             anchor = len(seq) - 1
             drafts = draft_block(drafter, embed, head, feats, seq, anchor, block_size, mask_id)
@@ -70,6 +84,10 @@ def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, m
             seq += drafts[:n] + [greedy[n]]
             tokens += n + 1
             cycles += 1
+            record["drafts"].append(drafts)
+            record["committed"].append(n + 1)
+        if trace is not None:
+            trace.append({**record, "output": seq[len(prompt):]})
         total_tokens += tokens
         total_cycles += cycles
         per_prompt.append(tokens / cycles)
@@ -78,8 +96,21 @@ def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, m
             "tokens": total_tokens, "block_size": block_size, "per_prompt": per_prompt}
 
 
+def load_exported_drafter(path, target_model, device="cpu") -> DFlashDrafter:
+    """A drafter from a DFlash directory (dflash-export's, or a published one), checked against the
+    target it will run with. Raises ConfigError."""
+    from .export import check_target, load_dflash_dir, target_facts
+
+    cfg, state = load_dflash_dir(path)
+    check_target(cfg, target_facts(target_model), f"drafter {path}")
+    drafter = DFlashDrafter(cfg)
+    drafter.load_state_dict(state)
+    return drafter.to(device).eval()
+
+
 def main(argv=None):
     from .checkpoint import complete_checkpoints
+    from .config import EX_CONFIG, ConfigError
     from .model import HiddenStateProducer, load_drafter
 
     p = argparse.ArgumentParser(prog="dflash-eval", description="Measure the real acceptance length tau of a "
@@ -87,6 +118,8 @@ def main(argv=None):
     p.add_argument("--target-model", required=True)
     p.add_argument("--checkpoint", default=None, help="checkpoint dir (default: newest complete in --output-dir)")
     p.add_argument("--output-dir", default=None, help="a run directory; its newest complete checkpoint is used")
+    p.add_argument("--drafter", default=None, metavar="DIR", help="a DFlash drafter directory (dflash-export's "
+                   "OUT_DIR, or a published one: config.json + model.safetensors) instead of a checkpoint")
     p.add_argument("--random-drafter", action="store_true", help="evaluate an untrained drafter (the baseline)")
     p.add_argument("--block-size", type=int, default=16, help="with --random-drafter")
     p.add_argument("--num-draft-layers", type=int, default=2, help="with --random-drafter")
@@ -100,11 +133,18 @@ def main(argv=None):
         from transformers import AutoConfig
 
         tcfg = AutoConfig.from_pretrained(a.target_model, local_files_only=True)
+        text = text_config_of(tcfg)  # the language model's config (Qwen3.5/3.6 nest it)
         torch.manual_seed(a.seed)
         cfg = DrafterConfig.from_target(tcfg, num_draft_layers=a.num_draft_layers, block_size=a.block_size,
-                                        target_layer_ids=default_target_layers(tcfg.num_hidden_layers, a.num_draft_layers),
-                                        mask_token_id=default_mask_token_id(tcfg.vocab_size))
+                                        target_layer_ids=default_target_layers(text.num_hidden_layers, a.num_draft_layers),
+                                        mask_token_id=default_mask_token_id(text.vocab_size))
         drafter = DFlashDrafter(cfg).to(a.device)
+    elif a.drafter:
+        try:
+            drafter = load_exported_drafter(a.drafter, a.target_model, a.device)
+        except ConfigError as e:
+            print(e.line(), file=sys.stderr)
+            return EX_CONFIG
     else:
         ckpt = a.checkpoint
         if ckpt is None:

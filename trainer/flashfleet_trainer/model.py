@@ -23,10 +23,24 @@ SDPA with the boolean mask `[rows x (context + rows)]` that `block_attention_inp
 and every CUDA run that asks for it); "flex" runs torch's flex_attention, compiled, with a BlockMask
 that lists only the 128 x 128 tiles a block row can see (its sequence's context before its anchor,
 its own block), so the other ~85% of the score tiles are never computed. "auto" picks flex on
-CUDA, dense elsewhere.
+CUDA, dense elsewhere. Each draft layer is `full_attention` or `sliding_attention`
+(`DrafterConfig.layer_types`, `sliding_window` W), with the semantics vLLM, SGLang and SpecForge
+serve: a full layer's row sees its sequence's context before its anchor and its whole block; a
+sliding layer's row at absolute position p sees keys k <= p with p - k < W (the query counts),
+over context and block alike, so it is causal inside the block. Both kinds are still two kv
+intervals per row, so the dense reference and the flex BlockMask are built per kind.
+
+Targets (`SUPPORTED_TARGETS`): Qwen3 (`qwen3`), and the hybrid Qwen3.5 / Qwen3.6 family
+(`qwen3_5`, MoE `qwen3_5_moe`), whose checkpoints are multimodal wrappers: a config with a
+nested `text_config`, language weights under `model.language_model.*`, `lm_head.weight`, and a
+vision tower under `model.visual.*`. Any composite config is read through its text_config. For
+a wrapped checkpoint only the language model is built (transformers' text CausalLM class from
+the text config) and only `model.language_model.*` + `lm_head.*` tensors are read, from the
+shards that hold them (`load_target_model`): the vision tower's shards are never opened.
 """
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -43,14 +57,197 @@ def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list
     return [int(round(start + i * (end - start) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
+SPARE_MASK_ROWS = {151936: 151669, 248320: 248070}  # Qwen3; Qwen3.5/3.6 (the published drafters' ids)
+
+
 def default_mask_token_id(vocab_size: int) -> int:
-    """Qwen3's spare embedding row 151669 for its 151,936-row vocab; else the last row."""
-    return 151669 if vocab_size == 151936 else vocab_size - 1
+    """The published drafters' spare embedding row: 151669 of Qwen3's 151,936 rows, 248070 of
+    Qwen3.5/3.6's 248,320; else the last row."""
+    return SPARE_MASK_ROWS.get(vocab_size, vocab_size - 1)
 
 
 def rope_theta_of(cfg) -> float:
     rp = getattr(cfg, "rope_parameters", None) or {}
     return float(rp.get("rope_theta", getattr(cfg, "rope_theta", 1_000_000.0) or 1_000_000.0))
+
+
+# ---- targets -------------------------------------------------------------------------------------
+
+SUPPORTED_TARGETS = ("qwen3", "qwen3_5", "qwen3_5_moe")  # config.json model_type
+SUPPORTED_TEXT_TYPES = ("qwen3", "qwen3_5_text", "qwen3_5_moe_text")  # a composite config's text_config
+HYBRID_TEXT_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")  # Gated-DeltaNet + gated full attention
+WRAPPED_PREFIX = "model.language_model."  # where a multimodal wrapper keeps the language model
+TEXT_PREFIXES = (WRAPPED_PREFIX, "lm_head.")  # the only tensors read from a wrapped checkpoint
+
+
+def text_config_of(cfg):
+    """The language model's config: a composite config's text_config, else the config itself."""
+    sub = getattr(cfg, "text_config", None)
+    return cfg if sub is None else sub
+
+
+def supported_targets_line() -> str:
+    return (f"supported: {', '.join(SUPPORTED_TARGETS)}, and any composite config whose text_config is "
+            f"{', '.join(SUPPORTED_TEXT_TYPES)}")
+
+
+def check_target_config(cfg):
+    """The text config of a supported target; ValueError naming the supported list otherwise."""
+    text = text_config_of(cfg)
+    top, kind = getattr(cfg, "model_type", None), getattr(text, "model_type", None)
+    if kind not in SUPPORTED_TEXT_TYPES:
+        what = repr(top) if text is cfg else f"{top!r} (text_config {kind!r})"
+        raise ValueError(f"target model type {what} is not supported ({supported_targets_line()})")
+    return text
+
+
+def is_hybrid(text_cfg) -> bool:
+    return "linear_attention" in (getattr(text_cfg, "layer_types", None) or [])
+
+
+def checkpoint_tensors(model_dir) -> dict:
+    """{tensor name: shard file name} of a safetensors checkpoint, from its index, else from each
+    file's header (never the data). {} for a checkpoint without safetensors."""
+    from flashfleet.contract.safetensors import INDEX, read_header
+
+    d = Path(model_dir)
+    if (d / INDEX).is_file():
+        return dict(json.loads((d / INDEX).read_text())["weight_map"])
+    out = {}
+    for f in sorted(d.glob("*.safetensors")):
+        tensors, _problems = read_header(f)
+        out.update(dict.fromkeys(tensors, f.name))
+    return out
+
+
+def is_wrapped(names) -> bool:
+    """A multimodal wrapper's layout: the language model under model.language_model.*"""
+    return any(n.startswith(WRAPPED_PREFIX) for n in names)
+
+
+def text_tensor_files(names: dict) -> dict:
+    """{shard: [tensor names]} of the language model's tensors (model.language_model.*, lm_head.*)
+    of a wrapped checkpoint: the vision tower (model.visual.*) and MTP (mtp.*) are left out."""
+    files = {}
+    for name, f in names.items():
+        if name.startswith(TEXT_PREFIXES):
+            files.setdefault(f, []).append(name)
+    return files
+
+
+def load_target_model(model_dir, device, dtype):
+    """The frozen target's language model as transformers' CausalLM (a `get_decoder()` with
+    `.layers`, its final norm, an LM head), in eval mode without gradients, on `device`.
+
+    A plain checkpoint loads with `AutoModelForCausalLM.from_pretrained`. A wrapped one (weights
+    under model.language_model.*) builds the text CausalLM class from the text config and hands
+    transformers a state dict of lazy safetensors slices of ONLY the language tensors, from only
+    the shards that hold them, so the vision tower is never opened, read or allocated;
+    transformers' own key conversion for the text class maps the names (model.language_model.X ->
+    model.X; per-expert MoE tensors -> its fused experts). A missing language tensor is an error.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    d = Path(model_dir)
+    dev = torch.device(device)
+    names = checkpoint_tensors(d)
+    if not is_wrapped(names):
+        model = AutoModelForCausalLM.from_pretrained(d, local_files_only=True, dtype=dtype, attn_implementation="sdpa")
+        return model.to(dev).eval().requires_grad_(False)
+    from safetensors import safe_open
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    text = check_target_config(AutoConfig.from_pretrained(d, local_files_only=True))
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(text)]
+    handles, state = [], {}
+    try:
+        for f, keys in sorted(text_tensor_files(names).items()):
+            h = safe_open(os.fspath(d / f), framework="pt", device="cpu")
+            handles.append(h)
+            for k in keys:
+                state[k] = h.get_slice(k)  # lazy: materialized by transformers onto the device
+        kw = {"device_map": {"": str(dev)}} if dev.type == "cuda" else {}
+        model, info = cls.from_pretrained(None, config=text, state_dict=state, dtype=dtype,
+                                          attn_implementation="sdpa", output_loading_info=True, **kw)
+    finally:
+        for h in handles:
+            h.__exit__(None, None, None)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise RuntimeError(f"{d}: the language model lacks {len(missing)} tensor(s) in the checkpoint, "
+                           f"e.g. {missing[:3]}")
+    return model.to(dev).eval().requires_grad_(False)
+
+
+def linear_attention_kernels(text_cfg=None) -> dict:
+    """What transformers' hybrid modeling module bound at import time for each linear-attention
+    kernel: {kernel: implementation module, or "torch" for its reference fallback}. transformers
+    picks flash-linear-attention (`fla`) for the gated delta rule and `causal_conv1d` for the
+    short convolution when they import, else plain torch."""
+    import importlib
+    import inspect
+
+    kind = getattr(text_cfg, "model_type", "qwen3_5_text") if text_cfg is not None else "qwen3_5_text"
+    mod = importlib.import_module("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe" if "moe" in kind
+                                  else "transformers.models.qwen3_5.modeling_qwen3_5")
+    out = {}
+    for kernel, attr in (("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
+                         ("causal_conv1d_fn", "causal_conv1d_fn")):
+        fn, impl = getattr(mod, attr, None), None
+        while fn is not None and impl is None:
+            try:
+                cv = inspect.getclosurevars(fn).nonlocals
+            except (TypeError, ValueError):
+                cv = {}
+            if "is_new_implementation" in cv:
+                impl = getattr(cv.get("implementation"), "__module__", "?") if cv["is_new_implementation"] else "torch"
+            fn = getattr(fn, "__wrapped__", None)
+        if impl is None:  # another transformers layout: probe the packages it would import
+            pkg = "fla.ops.gated_delta_rule" if kernel == "chunk_gated_delta_rule" else "causal_conv1d"
+            try:
+                impl = getattr(importlib.import_module(pkg), kernel).__module__
+            except Exception:
+                impl = "torch"
+        out[kernel] = impl
+    return out
+
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+LAYER_TYPE_ALIASES = {"full": "full_attention", "sliding": "sliding_attention", "swa": "sliding_attention"}
+# The published DFlash drafter for Qwen3.6-27B (SpecForge configs/qwen3.6-27b-dflash.json, z-lab's
+# Qwen3.6-27B-DFlash): Qwen3 layers of 32 query / 8 KV heads of 128, sliding x (n-1) then full.
+HYBRID_DRAFTER = dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128, sliding_window=2048)
+
+
+def parse_layer_types(spec, n_layers: int) -> list[str]:
+    """'sliding,sliding,full' or a list -> full names; 'sliding*4,full' repeats. ValueError if not n_layers long."""
+    items = spec if isinstance(spec, (list, tuple)) else [x.strip() for x in str(spec).split(",") if x.strip()]
+    out = []
+    for item in items:
+        name, _, times = str(item).partition("*")
+        name = LAYER_TYPE_ALIASES.get(name.strip(), name.strip())
+        if name not in LAYER_TYPES:
+            raise ValueError(f"layer type {item!r} is not one of {', '.join(LAYER_TYPES)} (or full, sliding)")
+        out += [name] * (int(times) if times.strip() else 1)
+    if len(out) != n_layers:
+        raise ValueError(f"{len(out)} layer type(s) {out} for {n_layers} draft layer(s)")
+    return out
+
+
+def drafter_defaults(tcfg, num_draft_layers: int) -> dict:
+    """The drafter's shape for a target, before flags: a Qwen3 target's own attention shape and all
+    layers full; for a hybrid Qwen3.5/3.6 target the published drafter's (32/8 heads of 128,
+    sliding_attention x (n-1) then one full_attention, window 2048). MLP: the target's
+    intermediate_size (17,408 for the 27B, as published), 3 x hidden for a MoE target that has none."""
+    t = text_config_of(tcfg)
+    h = t.hidden_size
+    inter = getattr(t, "intermediate_size", None) or 3 * h
+    if getattr(t, "model_type", None) in HYBRID_TEXT_TYPES:
+        types = ["sliding_attention"] * (num_draft_layers - 1) + ["full_attention"]
+        return dict(HYBRID_DRAFTER, intermediate_size=inter, layer_types=types)
+    return dict(num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
+                head_dim=getattr(t, "head_dim", None) or h // t.num_attention_heads, intermediate_size=inter,
+                layer_types=["full_attention"] * num_draft_layers, sliding_window=None)
 
 
 @dataclass
@@ -67,20 +264,44 @@ class DrafterConfig:
     vocab_size: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
+    # per draft layer "full_attention" | "sliding_attention"; empty (an older checkpoint) = all full
+    layer_types: list[str] = field(default_factory=list)
+    sliding_window: int | None = None  # W: a sliding layer's query sees keys k <= p with p - k < W
     target_model: str = ""
     model_type: str = "dflash_drafter"
     feature_convention: str = "target_layer_ids[i] = output of decoder layer i = HF hidden_states[i+1]"
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        self.layer_types = list(self.layer_types or ["full_attention"] * self.num_hidden_layers)
+        if len(self.layer_types) != self.num_hidden_layers or set(self.layer_types) - set(LAYER_TYPES):
+            raise ValueError(f"layer_types {self.layer_types} must be {self.num_hidden_layers} of {LAYER_TYPES}")
+        if "sliding_attention" in self.layer_types and not (self.sliding_window and self.sliding_window >= 1):
+            raise ValueError(f"sliding_attention layers need sliding_window >= 1, not {self.sliding_window}")
+
     @classmethod
-    def from_target(cls, tcfg, *, num_draft_layers, target_layer_ids, block_size, mask_token_id, target_model=""):
-        return cls(
-            hidden_size=tcfg.hidden_size, intermediate_size=tcfg.intermediate_size,
-            num_attention_heads=tcfg.num_attention_heads, num_key_value_heads=tcfg.num_key_value_heads,
-            head_dim=getattr(tcfg, "head_dim", None) or tcfg.hidden_size // tcfg.num_attention_heads,
-            num_hidden_layers=num_draft_layers, target_layer_ids=list(target_layer_ids), block_size=block_size,
-            mask_token_id=mask_token_id, vocab_size=tcfg.vocab_size, rms_norm_eps=tcfg.rms_norm_eps,
-            rope_theta=rope_theta_of(tcfg), target_model=str(target_model))
+    def from_target(cls, tcfg, *, num_draft_layers, target_layer_ids, block_size, mask_token_id, target_model="",
+                    **overrides):
+        """The drafter for a target config (a composite config is read through its text_config):
+        `drafter_defaults`, then any non-None override (num_attention_heads, num_key_value_heads,
+        head_dim, intermediate_size, layer_types, sliding_window)."""
+        t = text_config_of(tcfg)
+        shape = drafter_defaults(t, num_draft_layers)
+        shape.update({k: v for k, v in overrides.items() if v is not None})
+        shape["layer_types"] = parse_layer_types(shape["layer_types"], num_draft_layers)
+        if "sliding_attention" not in shape["layer_types"]:
+            shape["sliding_window"] = None
+        return cls(hidden_size=t.hidden_size, num_hidden_layers=num_draft_layers,
+                   target_layer_ids=list(target_layer_ids), block_size=block_size, mask_token_id=mask_token_id,
+                   vocab_size=t.vocab_size, rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6),
+                   rope_theta=rope_theta_of(t), target_model=str(target_model), **shape)
+
+    def num_params(self) -> int:
+        """Trainable parameters (fc, norms, layers)."""
+        h, nh, nkv, d, i = (self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim,
+                            self.intermediate_size)
+        layer = h * nh * d * 2 + h * nkv * d * 2 + 3 * h * i + 2 * h + 2 * d
+        return len(self.target_layer_ids) * h * h + 2 * h + self.num_hidden_layers * layer
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -150,9 +371,15 @@ def apply_rope(x, cos, sin):
     return _fused(_apply_rope, x)(x, cos, sin)
 
 
+def _layer_mask(mask, layer_type):
+    """A layer's dense mask: masks may be one [M, T+M] tensor for every layer, or {layer type: tensor}."""
+    return mask[layer_type] if isinstance(mask, dict) else mask
+
+
 class DraftAttention(nn.Module):
-    def __init__(self, c: DrafterConfig):
+    def __init__(self, c: DrafterConfig, layer_type: str = "full_attention"):
         super().__init__()
+        self.layer_type = layer_type
         self.nh, self.nkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.q_proj = nn.Linear(c.hidden_size, self.nh * self.d, bias=False)
         self.k_proj = nn.Linear(c.hidden_size, self.nkv * self.d, bias=False)
@@ -162,8 +389,9 @@ class DraftAttention(nn.Module):
         self.k_norm = RMSNorm(self.d, c.rms_norm_eps)
 
     def forward(self, x, ctx, rope_q, rope_kv, mask):
-        """x [M, H] block rows; ctx [T, H] context; mask: [M, T+M] bool (True = may attend) for the
-        dense path, or a `SparseAttention` for the flex path (the same mask, tile-sparse)."""
+        """x [M, H] block rows; ctx [T, H] context; mask: [M, T+M] bool (True = may attend), or
+        {layer type: such a mask}, for the dense path, or a `SparseAttention` for the flex path (the
+        same masks, tile-sparse); this layer uses the one of its own layer type."""
         m = x.shape[0]
         kv_in = torch.cat([ctx, x], dim=0)
         q = self.q_norm(self.q_proj(x).view(m, self.nh, self.d)).transpose(0, 1)
@@ -171,19 +399,22 @@ class DraftAttention(nn.Module):
         v = self.v_proj(kv_in).view(-1, self.nkv, self.d).transpose(0, 1)
         q, k = apply_rope(q, *rope_q), apply_rope(k, *rope_kv)
         if isinstance(mask, SparseAttention):
-            return self.o_proj(mask.attend(q, k, v).transpose(0, 1).reshape(m, self.nh * self.d))
+            o = mask.attend(q, k, v, self.layer_type)
+            return self.o_proj(o.transpose(0, 1).reshape(m, self.nh * self.d))
         if self.nkv != self.nh:
             k = k.repeat_interleave(self.nh // self.nkv, dim=0)
             v = v.repeat_interleave(self.nh // self.nkv, dim=0)
-        o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask[None, None])
+        o = F.scaled_dot_product_attention(q[None], k[None], v[None],
+                                           attn_mask=_layer_mask(mask, self.layer_type)[None, None])
         return self.o_proj(o[0].transpose(0, 1).reshape(m, self.nh * self.d))
 
 
 class DraftLayer(nn.Module):
-    def __init__(self, c: DrafterConfig):
+    def __init__(self, c: DrafterConfig, layer_type: str = "full_attention"):
         super().__init__()
+        self.layer_type = layer_type
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = DraftAttention(c)
+        self.self_attn = DraftAttention(c, layer_type)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
@@ -202,7 +433,7 @@ class DFlashDrafter(nn.Module):
         n = len(c.target_layer_ids)
         self.fc = nn.Linear(n * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.layers = nn.ModuleList(DraftLayer(c) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(DraftLayer(c, t) for t in c.layer_types)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.apply(self._init)
 
@@ -213,7 +444,8 @@ class DFlashDrafter(nn.Module):
 
     def forward(self, block_emb, ctx_feat, ctx_pos, block_pos, mask):
         """block_emb [M, H] embedded block rows; ctx_feat [T, n*H] target features; ctx_pos [T],
-        block_pos [M] absolute positions; mask [M, T+M]. Returns the normed output [M, H]."""
+        block_pos [M] absolute positions; mask [M, T+M] (every layer), {layer type: [M, T+M]}, or a
+        SparseAttention (`drafter_attention` builds the right one). Returns the normed output [M, H]."""
         c = self.config
         ctx = self.hidden_norm(self.fc(ctx_feat.to(self.fc.weight.dtype)))
         rope_q = rope(block_pos, c.head_dim, c.rope_theta)
@@ -224,14 +456,17 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
 
-def block_attention_inputs(seq, anchor, block_size):
-    """Context gather indices and the strict DFlash mask for N blocks of one micro-batch.
+def block_attention_inputs(seq, anchor, block_size, sliding_window=None):
+    """Context gather indices and the strict DFlash mask for N blocks of one micro-batch (the dense
+    reference).
 
     seq [N], anchor [N]: each block's sequence (in the micro-batch) and anchor position.
     Only context a block can see is gathered: positions < (last anchor) of sequences that have
     blocks. Returns (ctx_seq [T], ctx_pos [T], block_pos [N*B], mask [N*B, T+N*B]) where a block
     row sees context of ITS sequence strictly before ITS anchor (kv < anchor), its own block
-    bidirectionally, and nothing else.
+    bidirectionally, and nothing else (a full_attention layer). With `sliding_window` W the mask is
+    a sliding_attention layer's: of those, a row at absolute position p sees only keys at positions
+    k <= p with p - k < W (the query itself counts), context and block alike: causal in the block.
     """
     dev = anchor.device
     ctx_seq, ctx_pos = [], []
@@ -244,10 +479,21 @@ def block_attention_inputs(seq, anchor, block_size):
     n = anchor.shape[0]
     row_block = torch.arange(n, device=dev).repeat_interleave(block_size)
     row_seq, row_anchor = seq[row_block], anchor[row_block]
-    block_pos = row_anchor + torch.arange(block_size, device=dev).repeat(n)
+    slot = torch.arange(block_size, device=dev).repeat(n)
+    block_pos = row_anchor + slot
     sees_ctx = (ctx_seq[None, :] == row_seq[:, None]) & (ctx_pos[None, :] < row_anchor[:, None])
     sees_block = row_block[:, None] == row_block[None, :]
+    if sliding_window is not None:
+        w = int(sliding_window)
+        sees_ctx = sees_ctx & (block_pos[:, None] - ctx_pos[None, :] < w)
+        back = slot[:, None] - slot[None, :]  # query slot - key slot, inside one block
+        sees_block = sees_block & (back >= 0) & (back < w)
     return ctx_seq, ctx_pos, block_pos, torch.cat([sees_ctx, sees_block], dim=1)
+
+
+def layer_windows(cfg) -> dict:
+    """{layer type used by the drafter: its window (None = full_attention)}."""
+    return {t: (cfg.sliding_window if t == "sliding_attention" else None) for t in dict.fromkeys(cfg.layer_types)}
 
 
 ATTN_IMPLS = ("auto", "dense", "flex")
@@ -285,14 +531,17 @@ def bucket(n: int) -> int:
         p *= 2
 
 
-def block_mask_intervals(seq, anchor, block_size):
+def block_mask_intervals(seq, anchor, block_size, sliding_window=None):
     """The flex layout of a micro-batch: the strict DFlash mask as two kv intervals per row.
 
     The context is gathered like `block_attention_inputs` does (for each sequence in ascending
     order, positions 0..last anchor-1), so row r of block j (sequence s, anchor a) sees the kv
     interval [start_s, start_s + a) of the context (its sequence, positions < a) and the interval
     of its own block. The block rows start at t_pad, the context length rounded up to a tile,
-    so each block lies inside one kv tile. Computed on the CPU (N entries).
+    so each block lies inside one kv tile. Computed on the CPU (N entries). With `sliding_window`
+    W (a sliding_attention layer) both intervals are cut to the window of the row's position
+    p = a + k: context [start_s + max(0, p - W + 1), start_s + a), block slots
+    [max(0, k - W + 1), k]; still two intervals.
 
     Returns dict(ctx_seq [T], ctx_pos [T], block_pos [M], lo, hi, blo, bhi [q_len] int32 (padded
     rows: empty intervals), t, t_pad, m, q_len, kv_len).
@@ -315,6 +564,13 @@ def block_mask_intervals(seq, anchor, block_size):
     hi[:m] = (start[inv] + anchor)[row_block].int()
     blo[:m] = (t_pad + row_block * block_size).int()
     bhi[:m] = blo[:m] + block_size
+    if sliding_window is not None:
+        w = int(sliding_window)
+        slot = torch.arange(block_size).repeat(n)
+        lo[:m] = lo[:m] + (block_pos - w + 1).clamp(min=0).int()
+        lo[:m] = torch.minimum(lo[:m], hi[:m])  # an empty context interval stays empty
+        bhi[:m] = blo[:m] + slot.int() + 1
+        blo[:m] = blo[:m] + (slot - w + 1).clamp(min=0).int()
     return dict(ctx_seq=ctx_seq, ctx_pos=ctx_pos, block_pos=block_pos, lo=lo, hi=hi, blo=blo, bhi=bhi, t=t,
                 t_pad=t_pad, m=m, q_len=q_len, kv_len=kv_len)
 
@@ -374,19 +630,30 @@ def _flex_fn(device_type: str):
 
 
 class SparseAttention:
-    """The flex path's attention for one micro-batch (shared by every draft layer): the BlockMask
-    and the padded layout (context at kv [0, t), block rows at kv [t_pad, t_pad + m), rows padded
-    to q_len, kv to kv_len)."""
+    """The flex path's attention for one micro-batch (shared by every draft layer): one BlockMask
+    per layer type and the padded layout (context at kv [0, t), block rows at kv [t_pad, t_pad + m),
+    rows padded to q_len, kv to kv_len; the same for every kind).
 
-    def __init__(self, layout, device):
+    layouts: one `block_mask_intervals` layout (every layer uses it), or {layer type: layout}."""
+
+    def __init__(self, layouts, device):
+        if "lo" in layouts:
+            layouts = {None: layouts}
+        layout = next(iter(layouts.values()))
         self.t, self.t_pad, self.m = layout["t"], layout["t_pad"], layout["m"]
         self.q_len, self.kv_len = layout["q_len"], layout["kv_len"]
-        lo, hi, blo, bhi = (layout[k].to(device, non_blocking=True) for k in ("lo", "hi", "blo", "bhi"))
-        self.block_mask = interval_block_mask(lo, hi, blo, bhi, self.q_len, self.kv_len)
+        self.block_masks = {}
+        for kind, lay in layouts.items():
+            assert (lay["t"], lay["m"], lay["q_len"], lay["kv_len"]) == (self.t, self.m, self.q_len, self.kv_len)
+            lo, hi, blo, bhi = (lay[k].to(device, non_blocking=True) for k in ("lo", "hi", "blo", "bhi"))
+            self.block_masks[kind] = interval_block_mask(lo, hi, blo, bhi, self.q_len, self.kv_len)
+        self.block_mask = next(iter(self.block_masks.values()))
         self.device_type = torch.device(device).type
 
-    def attend(self, q, k, v):
-        """q [nh, M, d], k/v [nkv, T+M, d] (rotated) -> o [nh, M, d]. GQA without copies."""
+    def attend(self, q, k, v, layer_type=None):
+        """q [nh, M, d], k/v [nkv, T+M, d] (rotated) -> o [nh, M, d], under the BlockMask of
+        `layer_type` (the only one when built from one layout). GQA without copies."""
+        block_mask = self.block_masks[None if None in self.block_masks else layer_type]
         dt = v.dtype  # SDPA under autocast runs in the autocast dtype, which v_proj's output has
         q, k, v = q.to(dt), k.to(dt), v.to(dt)
         q = F.pad(q, (0, 0, 0, self.q_len - self.m))
@@ -399,7 +666,7 @@ class SparseAttention:
 
         k, v = place(k), place(v)
         with torch.autocast(self.device_type, enabled=False):
-            o = _flex_fn(self.device_type)(q[None], k[None], v[None], block_mask=self.block_mask,
+            o = _flex_fn(self.device_type)(q[None], k[None], v[None], block_mask=block_mask,
                                            enable_gqa=q.shape[0] != k.shape[0])
         return o[0, :, : self.m]
 
@@ -411,13 +678,17 @@ def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen
     CUDA). Returns the student hidden [N, B, H]."""
     n, b = blocks.input_ids.shape
     dev = features.device
+    windows = layer_windows(drafter.config)  # one mask per layer type the drafter has
     if resolve_attn_impl(attn_impl, dev) == "flex":
-        layout = block_mask_intervals(blocks.seq, blocks.anchor, b)
+        layouts = {t: block_mask_intervals(blocks.seq, blocks.anchor, b, w) for t, w in windows.items()}
+        layout = next(iter(layouts.values()))
         ctx_seq, ctx_pos, block_pos = (layout[k].to(dev, non_blocking=True) for k in ("ctx_seq", "ctx_pos", "block_pos"))
-        mask = SparseAttention(layout, dev)
+        mask = SparseAttention(layouts, dev)
     else:
         seq, anchor = blocks.seq.to(dev), blocks.anchor.to(dev)
-        ctx_seq, ctx_pos, block_pos, mask = block_attention_inputs(seq, anchor, b)
+        mask = {}
+        for t, w in windows.items():
+            ctx_seq, ctx_pos, block_pos, mask[t] = block_attention_inputs(seq, anchor, b, w)
     ctx = features[ctx_seq, ctx_pos]
     if noise_scale > 0:
         rms = ctx.float().pow(2).mean(-1, keepdim=True).sqrt()
@@ -429,22 +700,28 @@ def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen
 
 
 class HiddenStateProducer:
-    """The frozen target, one replica per target device; produces features for micro-batches."""
+    """The frozen target, one replica per target device; produces features for micro-batches.
 
-    def __init__(self, model_dir, devices, layer_ids, out_device, on_status=None):
-        from transformers import AutoModelForCausalLM
+    The target is its language model only (`load_target_model`: a wrapped Qwen3.5/3.6 checkpoint's
+    vision tower is never loaded). Features: forward hooks on the chosen decoder layers, whatever
+    their kind (a hybrid stack's Gated-DeltaNet and full-attention layers alike): id i is the
+    output of decoder layer i, HF's hidden_states[i + 1] for i < L - 1 (HF's last entry,
+    hidden_states[L], is the final-normed state instead). The teacher's last hidden state is the
+    decoder's output after its final norm; logits = that @ the untied (or tied) LM head."""
 
+    def __init__(self, model_dir, devices, layer_ids, out_device, on_status=None, replicas=None):
+        """replicas: [(device, model)] already built (a benchmark's random-weight target) instead
+        of loading model_dir on each device."""
         self.layer_ids, self.out_device, self.replicas, self._next = list(layer_ids), out_device, [], 0
-        for i, dev in enumerate(devices):
+        for i, dev in enumerate([] if replicas is not None else devices):
             if on_status:
                 on_status(f"loading target {i + 1}/{len(devices)} on {dev}")
             dtype = torch.float32 if dev == "cpu" else torch.bfloat16
-            model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype,
-                                                         attn_implementation="sdpa")
-            model.to(dev).eval().requires_grad_(False)
+            model = load_target_model(model_dir, dev, dtype)
             self.replicas.append((dev, model))
             if on_status:
                 on_status(f"target {i + 1}/{len(devices)} loaded")
+        self.replicas = self.replicas or list(replicas)
         model = self.replicas[0][1]
         self.config = model.config
         # The drafter's frozen embedding and LM head, on the drafter's device, in its dtype.
@@ -473,28 +750,43 @@ class HiddenStateProducer:
         return feats.to(self.out_device), out.last_hidden_state.to(self.out_device)
 
 
+def frozen_io_names(names) -> tuple[str, str]:
+    """(embedding, LM head) tensor names in a checkpoint: model.language_model.embed_tokens.weight
+    in a wrapped one, else model.embed_tokens.weight (or any *embed_tokens.weight outside a
+    vision tower or MTP head); lm_head.weight."""
+    if WRAPPED_PREFIX + "embed_tokens.weight" in names:
+        embed = WRAPPED_PREFIX + "embed_tokens.weight"
+    elif "model.embed_tokens.weight" in names:
+        embed = "model.embed_tokens.weight"
+    else:
+        embed = next((n for n in sorted(names) if n.endswith("embed_tokens.weight")
+                      and not n.startswith(("model.visual.", "mtp."))), None)
+    return embed, ("lm_head.weight" if "lm_head.weight" in names else None)
+
+
 def load_frozen_io(model_dir, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(embedding weight, LM head weight) of the target, read from its safetensors shards only.
 
     A drafter rank in its own process needs these two matrices but not the target's layers, so it
-    reads just them (mmap'd by safetensors) instead of loading a whole replica. A tied head is
-    the embedding. Falls back to loading the model on CPU for a .bin-only checkpoint.
+    reads just them (mmap'd by safetensors), from the shard(s) the index names for them, instead
+    of loading a whole replica; a wrapped (multimodal) checkpoint keeps them at
+    model.language_model.embed_tokens.weight and lm_head.weight. A tied head is the embedding.
+    Falls back to loading the model on CPU for a .bin-only checkpoint.
     """
     from safetensors import safe_open
 
     d = Path(model_dir)
+    names = checkpoint_tensors(d)
+    embed_name, head_name = frozen_io_names(names)
     embed = head = None
-    for f in sorted(d.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            for key in st.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
-                if embed is None and key.endswith("embed_tokens.weight"):
-                    embed = st.get_tensor(key)
-                elif head is None and key.endswith("lm_head.weight"):
-                    head = st.get_tensor(key)
+    for name in (embed_name, head_name):
+        if name is None:
+            continue
+        with safe_open(os.fspath(d / names[name]), framework="pt") as st:
+            t = st.get_tensor(name)
+        embed, head = (t, head) if name == embed_name else (embed, t)
     if embed is None:
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(d, local_files_only=True, dtype=dtype)
+        model = load_target_model(d, "cpu", dtype)
         embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
     if head is None:  # tie_word_embeddings
         head = embed

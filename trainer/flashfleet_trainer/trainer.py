@@ -37,7 +37,14 @@ from .evaluate import load_prompts, speculative_tau
 from .feed import Feed, InProcessFeed
 from .loss import acceptance_proxy, drafter_loss, get_loss_fn
 from .metrics import MetricsLog, Status
-from .model import DFlashDrafter, HiddenStateProducer, drafter_hidden, load_frozen_io, resolve_attn_impl
+from .model import (
+    DFlashDrafter,
+    DrafterConfig,
+    HiddenStateProducer,
+    drafter_hidden,
+    load_frozen_io,
+    resolve_attn_impl,
+)
 from .notify import Notifier
 from .preflight import Plan
 
@@ -221,7 +228,10 @@ class Trainer:
         self.attn_impl = resolve_attn_impl(getattr(a, "attn_impl", "auto"), self.dev)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, a.warmup_ratio))
         self.loss_fn, self.loss_impl = get_loss_fn(a.loss_impl)
-        self.resume()
+        if self.resume() is None and getattr(a, "init_from", None):
+            self.init_from(a.init_from)
+        elif getattr(a, "init_from", None):
+            self.log(f"--init-from {a.init_from} ignored: resumed from a checkpoint of this run")
         self.upcoming = self.stream.iterate(self.epoch, self.batch_index)
         self.feed.start(self.data, self._mine(self.stream.iterate(self.epoch, self.batch_index)))
         n_params = sum(q.numel() for q in self.drafter.parameters())
@@ -238,23 +248,28 @@ class Trainer:
                 yield item
             g += 1
 
-    def resume(self):
+    def resume(self) -> Path | None:
+        """Load the checkpoint --resume names (auto: the newest complete one); the path, or None."""
         a = self.args
         if a.resume == "never":
-            return
+            return None
         if a.resume == "auto":
             path = ckpt.newest_complete(self.ckpt_root)
             if path is None:
-                return
+                return None
         else:
             path = Path(a.resume)
             if not ckpt.is_complete(path):
                 raise ConfigError(f"--resume {path} is not a complete checkpoint (manifest missing or mismatched)",
                                   "pass --resume auto or a complete checkpoints/step-XXXXXXXX")
         weights, cfg, state = ckpt.load_checkpoint(path, map_location="cpu")
-        mine = self.dcfg.to_dict()
-        diff = [k for k in ("hidden_size", "num_hidden_layers", "target_layer_ids", "block_size", "vocab_size")
-                if cfg.get(k) != mine.get(k)]
+        mine, theirs = self.dcfg.to_dict(), DrafterConfig.from_dict(cfg).to_dict()  # (old checkpoints: defaults)
+        # Every field that changes what the weights mean, not only their shapes (a sliding layer and a
+        # full one hold tensors of the same shape).
+        diff = [k for k in ("hidden_size", "num_hidden_layers", "target_layer_ids", "block_size", "vocab_size",
+                            "layer_types", "sliding_window", "num_attention_heads", "num_key_value_heads", "head_dim",
+                            "intermediate_size", "mask_token_id")
+                if theirs.get(k) != mine.get(k)]
         if diff:
             raise ConfigError(f"checkpoint {path} has a different drafter ({', '.join(diff)} differ)",
                               "use a new --output-dir or --resume never")
@@ -265,6 +280,17 @@ class Trainer:
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
         self.status.update(newest_checkpoint=str(path))
         self.log(f"resumed from {path} (step {self.step}, epoch {self.epoch}, micro-batch {self.batch_index})")
+        return path
+
+    def init_from(self, path):
+        """--init-from: the weights of a DFlash drafter directory, loaded before the first step (when
+        no checkpoint was resumed); the same on every rank. A different drafter is a ConfigError."""
+        from .export import check_init_from, load_dflash_dir
+
+        check_init_from(self.args, self.dcfg)
+        _cfg, state = load_dflash_dir(path)
+        self.drafter.load_state_dict(state)
+        self.log(f"initialised the drafter from {path} ({len(state)} tensors)")
 
     def epoch_float(self) -> float:
         return self.epoch + self.batch_index / max(1, self.batches_per_epoch)

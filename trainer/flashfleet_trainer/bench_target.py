@@ -1,0 +1,78 @@
+"""Target-only throughput at a real shape (random weights, built on the device: nothing on disk),
+through the trainer's own `HiddenStateProducer.forward`: features from the drafter's target
+layers and the final normed hidden state, as a training step asks for them.
+
+    python -m flashfleet_trainer.bench_target --shape qwen3.6-27b --seqs 8 --seq-len 8192
+
+Prints target tokens/s (median of --steps timed forwards after --warmup), peak memory, and which
+implementation transformers bound for a hybrid target's linear-attention kernels (run it once with
+flash-linear-attention importable and once without to compare the fast kernels with the torch
+fallback).
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from .model import HiddenStateProducer, default_target_layers, linear_attention_kernels, text_config_of
+from .shapes import SHAPES, shape_config
+
+
+def build_target(shape: str, layers: int | None, device: str, dtype):
+    """The shape's language model on `device` with random weights (N(0, 0.02), norms at 1)."""
+    from transformers import AutoModelForCausalLM
+
+    text = text_config_of(shape_config(shape, layers))
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(text, dtype=dtype)
+    model.eval().requires_grad_(False)
+    return model, text
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3.6-27b")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's)")
+    p.add_argument("--seqs", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=8192)
+    p.add_argument("--draft-layers", type=int, default=5, help="how many target layers feed the drafter")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    a = p.parse_args(argv)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    t0 = time.perf_counter()
+    model, text = build_target(a.shape, a.layers, dev, dtype)
+    print(f"built {a.shape} ({text.num_hidden_layers} layers, "
+          f"{sum(x.numel() for x in model.parameters()) / 1e9:.2f}B params) on {dev} in {time.perf_counter() - t0:.0f} s",
+          flush=True)
+    layer_ids = default_target_layers(text.num_hidden_layers, a.draft_layers)
+    producer = HiddenStateProducer(None, [dev], layer_ids, dev, replicas=[(dev, model)])
+    kernels = linear_attention_kernels(text) if "qwen3_5" in getattr(text, "model_type", "") else {}
+    ids = torch.randint(0, text.vocab_size - 1, (a.seqs, a.seq_len), device=dev)
+    times = []
+    for i in range(a.warmup + a.steps):
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        producer.forward(ids)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t
+        print(f"{'warm-up' if i < a.warmup else 'step'} {i}: {dt:.3f} s", flush=True)
+        if i >= a.warmup:
+            times.append(dt)
+    tokens = a.seqs * a.seq_len
+    med = statistics.median(times)
+    out = {"shape": a.shape, "layers": text.num_hidden_layers, "tokens_per_forward": tokens,
+           "target_tokens_per_s": tokens / med, "spread": (max(times) - min(times)) / med,
+           "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None,
+           "linear_attention": kernels, "target_layer_ids": layer_ids}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -2,31 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
-# Several tests load the project's Ansible modules, which import ansible.module_utils. That import
-# replaces sys.intern with a patch object, and torch._dynamo (imported later by the trainer tests)
-# refuses anything but a function there. Import it once here and put the builtin back.
-_intern = sys.intern
-import ansible.module_utils.basic  # noqa: E402,F401
-
-sys.intern = _intern
-
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_file(path: Path | str, name: str | None = None):
-    """Import a Python file that is not part of a package (a role's module, filter or script)."""
-    path = Path(path)
-    spec = importlib.util.spec_from_file_location(name or path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture

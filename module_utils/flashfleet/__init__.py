@@ -14,4 +14,5 @@ Standard library only, so the same files run in three places:
     stage       dataset/model staging (the flashfleet_stage module's logic)
     envdrift    a venv against its lock (the python_env_drift module's logic)
     report      runs/<run>/report.html (collect.yml, flashfleet-report)
+    cudacompat  the CUDA toolkit -> minimum NVIDIA driver table (the cuda_toolkit role's filters)
 """

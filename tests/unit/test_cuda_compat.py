@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import flashfleet.cudacompat as cc
 import pytest
 
-from tests.conftest import ROOT, load_file
-
-cc = load_file(ROOT / "roles/cuda_toolkit/filter_plugins/cuda_compat.py")
+from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize(
@@ -67,5 +66,17 @@ def test_table_is_monotonic():
     assert drivers == sorted(drivers)
 
 
-def test_filter_plugin_exports():
-    assert set(cc.FilterModule().filters()) == {"cuda_min_driver", "cuda_driver_ok"}
+def test_filter_plugin_gives_ansible_the_same_table(tmp_path, run_playbook):
+    """The role's filter plugin is a thin wrapper: a real play gets flashfleet.cudacompat's answers."""
+    import json
+
+    play = tmp_path / "play.yml"
+    play.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [
+        {"ansible.builtin.copy": {"dest": str(tmp_path / "out.json"), "mode": "0644",
+                                  "content": "{{ {'min': '12.8' | cuda_min_driver, "
+                                             "'ok': '570.86.10' | cuda_driver_ok('12.8')} | to_json }}"}}]}]))
+    r = run_playbook(play, "localhost,", envvars={
+        "ANSIBLE_FILTER_PLUGINS": str(ROOT / "roles/cuda_toolkit/filter_plugins")})
+    assert r.status == "successful"
+    assert json.loads((tmp_path / "out.json").read_text()) == {"min": cc.cuda_min_driver("12.8"),
+                                                               "ok": cc.cuda_driver_ok("570.86.10", "12.8")}

@@ -9,9 +9,9 @@ from urllib.parse import urlparse
 import pytest
 from flashfleet import classify as fc
 
-from tests.conftest import ROOT, load_file
+from tests.conftest import ROOT
+from tests.fixtures.evidence import captures
 
-captures = load_file(ROOT / "tests" / "fixtures" / "evidence" / "captures.py", "flashfleet_evidence_captures")
 CAPTURES = {c["id"]: c for c in captures.CAPTURES}
 PLACES = {"journal", "systemd", "kernel", "gpu"}
 

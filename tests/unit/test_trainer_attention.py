@@ -75,6 +75,25 @@ def test_flex_mask_equals_the_dense_mask_on_random_micro_batches(block_size):
         assert torch.equal(_dense_predicate(lay), want)
 
 
+def _check_tiles(seq, anchor, window=None) -> bool:
+    """The flex block mask lists exactly the tiles the dense mask touches; True if some are full."""
+    lay = block_mask_intervals(seq, anchor, 16, window)
+    bm = interval_block_mask(lay["lo"], lay["hi"], lay["blo"], lay["bhi"], lay["q_len"], lay["kv_len"])
+    dense = _dense_predicate(lay)
+    qb, kb = lay["q_len"] // TILE, lay["kv_len"] // TILE
+    tiles = dense.view(qb, TILE, kb, TILE)
+    touched, covered = tiles.any(3).any(1), tiles.all(3).all(1)
+    listed = torch.zeros(qb, kb, dtype=torch.bool)
+    full = torch.zeros(qb, kb, dtype=torch.bool)
+    for i in range(qb):
+        listed[i, bm.kv_indices[0, 0, i, : bm.kv_num_blocks[0, 0, i]].long()] = True
+        full[i, bm.full_kv_indices[0, 0, i, : bm.full_kv_num_blocks[0, 0, i]].long()] = True
+    assert not (listed & full).any()  # a tile is partial or full, not both
+    assert torch.equal(listed | full, touched)  # no allowed pair is skipped, no empty tile is computed
+    assert not (full & ~covered).any()  # mask_mod may be skipped only where every pair is allowed
+    return bool(full.any())
+
+
 @needs_flex
 def test_block_mask_lists_exactly_the_tiles_the_mask_touches():
     rng = np.random.default_rng(7)
@@ -85,21 +104,7 @@ def test_block_mask_lists_exactly_the_tiles_the_mask_touches():
              (torch.zeros(8, dtype=torch.long), torch.tensor([256, 384, 400, 410, 420, 430, 440, 450]))]
     for trial in range(17):
         seq, anchor = edges[trial] if trial < len(edges) else _random_micro_batch(rng, 16)
-        lay = block_mask_intervals(seq, anchor, 16)
-        bm = interval_block_mask(lay["lo"], lay["hi"], lay["blo"], lay["bhi"], lay["q_len"], lay["kv_len"])
-        dense = _dense_predicate(lay)
-        qb, kb = lay["q_len"] // TILE, lay["kv_len"] // TILE
-        tiles = dense.view(qb, TILE, kb, TILE)
-        touched, covered = tiles.any(3).any(1), tiles.all(3).all(1)
-        listed = torch.zeros(qb, kb, dtype=torch.bool)
-        full = torch.zeros(qb, kb, dtype=torch.bool)
-        for i in range(qb):
-            listed[i, bm.kv_indices[0, 0, i, : bm.kv_num_blocks[0, 0, i]].long()] = True
-            full[i, bm.full_kv_indices[0, 0, i, : bm.full_kv_num_blocks[0, 0, i]].long()] = True
-        assert not (listed & full).any()  # a tile is partial or full, not both
-        assert torch.equal(listed | full, touched)  # no allowed pair is skipped, no empty tile is computed
-        assert not (full & ~covered).any()  # mask_mod may be skipped only where every pair is allowed
-        saw_full |= bool(full.any())
+        saw_full |= _check_tiles(seq, anchor)
     assert saw_full  # long contexts give whole tiles below every anchor of a row tile
 
 
@@ -277,18 +282,7 @@ def test_sliding_block_mask_lists_exactly_the_tiles_the_mask_touches(window):
     rng = np.random.default_rng(window)
     for _ in range(6):
         seq, anchor = _random_micro_batch(rng, 16)
-        lay = block_mask_intervals(seq, anchor, 16, window)
-        bm = interval_block_mask(lay["lo"], lay["hi"], lay["blo"], lay["bhi"], lay["q_len"], lay["kv_len"])
-        dense = _dense_predicate(lay)
-        qb, kb = lay["q_len"] // TILE, lay["kv_len"] // TILE
-        tiles = dense.view(qb, TILE, kb, TILE)
-        touched, covered = tiles.any(3).any(1), tiles.all(3).all(1)
-        listed = torch.zeros(qb, kb, dtype=torch.bool)
-        full = torch.zeros(qb, kb, dtype=torch.bool)
-        for i in range(qb):
-            listed[i, bm.kv_indices[0, 0, i, : bm.kv_num_blocks[0, 0, i]].long()] = True
-            full[i, bm.full_kv_indices[0, 0, i, : bm.full_kv_num_blocks[0, 0, i]].long()] = True
-        assert not (listed & full).any() and torch.equal(listed | full, touched) and not (full & ~covered).any()
+        _check_tiles(seq, anchor, window)
 
 
 def _mixed_drafter(window, layer_types=("sliding_attention", "full_attention", "sliding_attention")):

@@ -549,3 +549,36 @@ def test_init_from_mismatch_is_refused(exported, trainer_argv, tmp_path, capsys)
                                  out=tmp_path / "r3"))
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == EX_CONFIG and "block size 4 there, 8 here" in err[-1]
+
+
+def test_collect_with_export_brings_the_drafter_home(run_dir, tmp_path, run_playbook):
+    """collect.yml -e export=true on a host (this machine, local connection): the host exports its
+    newest complete checkpoint with the venv's dflash-export and the directory comes home to
+    runs/<run>/drafter/; a second collect with the same checkpoint does not export again."""
+    import getpass
+
+    host_root = tmp_path / "host"  # a copy: the module's run_dir stays as trained
+    shutil.copytree(run_dir, host_root / run_dir.name)
+    run_dir, run = host_root / run_dir.name, run_dir.name
+    inv = tmp_path / "hosts.json"
+    inv.write_text(json.dumps({"all": {"vars": {"flashfleet_runs": {run: {}}}, "children": {"gpu_nodes": {"hosts": {
+        "here": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
+    home = tmp_path / "runs"
+
+    def collect():
+        r = run_playbook(ROOT / "collect.yml", inv, run=run, export=True, flashfleet_runs_dir=str(home),
+                         flashfleet_runs_root=str(run_dir.parent), flashfleet_venv=sys.prefix,
+                         run_collect_export_user=getpass.getuser(), run_collect_use_rsync="false")
+        assert r.rc == 0, r.stdout.read()
+        return {e["event_data"]["task"]: e["event_data"]["res"].get("changed", False)
+                for e in r.events if e.get("event") == "runner_on_ok" and e["event_data"].get("host") == "here"}
+
+    first = collect()
+    name = "Export the newest complete checkpoint (dflash-export, as the run's user)"
+    assert first[name]
+    drafter = home / run / "drafter"
+    config = json.loads((drafter / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert (drafter / "model.safetensors").read_bytes() == (run_dir / "drafter" / "model.safetensors").read_bytes()
+    assert "vllm serve" in (drafter / "README.md").read_text()
+    assert name not in collect(), "the same newest checkpoint is not exported again"

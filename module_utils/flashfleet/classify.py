@@ -50,8 +50,8 @@ VERDICTS = (
     "running", "completed", "not-started", "init-crash", "crash", "native-crash", "host-oom-kill",
     "cgroup-oom-kill", "cuda-oom", "gpu-xid-<n>", "gpu-unavailable", "driver-mismatch",
     "driver-too-old", "toolchain-error", "nccl-timeout", "nccl-error", "watchdog-hang", "disk-full",
-    "killed-by-signal", "peer-failure", "start-limit-hit", "start-timeout", "exec-failed", "stopped",
-    "unknown",
+    "killed-by-signal", "peer-failure", "start-limit-hit", "start-timeout", "exec-failed", "nonfinite-loss",
+    "stopped", "unknown",
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ VERDICT_ACTIONS = {
     "toolchain-error": "fix-toolchain", "nccl-timeout": "rerun", "nccl-error": "investigate",
     "watchdog-hang": "rerun", "disk-full": "free-disk", "killed-by-signal": "rerun",
     "peer-failure": "diagnose-peer", "start-limit-hit": "reset-failed", "start-timeout": "raise-timeout",
-    "exec-failed": "fix-config", "unknown": "investigate", "unreachable": "check-host",
+    "exec-failed": "fix-config", "nonfinite-loss": "fix-config", "unknown": "investigate", "unreachable": "check-host",
     "no-evidence": "check-host",
 }
 
@@ -1472,6 +1472,16 @@ def _cause(evidence, run, unit, props, status, inv, facts, scan, app, kernel_rea
                        "fix the run configuration as the message says, then train.yml", action="fix-config",
                        kind="config-error")
 
+    # 8b. The trainer stopped itself on a NaN/infinite loss (exit EX_NONFINITE, one stderr line):
+    # deterministic, so the unit does not restart it; the newest checkpoint is the last good one.
+    nonfinite_hit = _grep(app, messages.NONFINITE_RE)
+    if nonfinite_hit or (code == "exited" and sig == messages.EX_NONFINITE):
+        text = (nonfinite_hit[1].strip().removeprefix(messages.ERROR_PREFIX) if nonfinite_hit
+                else f"exit status {messages.EX_NONFINITE} (non-finite loss)")
+        return Finding("nonfinite-loss", text, base + ([jline(*nonfinite_hit)] if nonfinite_hit else []),
+                       "lower --lr (or check the data), then train.yml: it resumes from the newest checkpoint, "
+                       "the last good one", action="fix-config")
+
     # 9. Outside signals vs. crashes.
     exc_text = exc["text"] if exc else None
     app_xids = [x for x in xids if x["application"] or x["kind"] == "info"]
@@ -1601,12 +1611,21 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or "-h" in argv or "--help" in argv:
         print(__doc__.strip())
         return 0 if argv else 2
+    for arg in argv:
+        if Path(arg).is_dir() and not _evidence_files([arg]):
+            print(f"{arg}: no evidence.json there or in its host directories (fix: run diagnose.yml or "
+                  "collect.yml for the run first, then pass runs/<run> or a host's evidence.json)", file=sys.stderr)
+            return 2
     results = []
     for path in _evidence_files(argv):
         try:
             evidence = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             print(f"{path}: cannot read evidence: {exc}", file=sys.stderr)
+            return 1
+        if not isinstance(evidence, dict):
+            print(f"{path}: not evidence: a JSON {type(evidence).__name__}, not an object (fix: collect it "
+                  "again with diagnose.yml or collect.yml)", file=sys.stderr)
             return 1
         result = classify(evidence)
         if not result.get("host"):

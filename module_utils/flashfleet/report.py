@@ -222,10 +222,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir", type=Path, help="runs/<run> as collect.yml wrote it")
     ap.add_argument("-o", "--output", type=Path, help="default: RUN_DIR/report.html")
     args = ap.parse_args(argv)
+    fix = "(fix: pass runs/<run> as collect.yml wrote it; run collect.yml first)"
     if not args.run_dir.is_dir():
-        print(f"{args.run_dir}: not a directory", file=sys.stderr)
+        print(f"{args.run_dir}: not a directory {fix}", file=sys.stderr)
         return 2
-    print(write_report(args.run_dir, args.output))
+    if not load_run(args.run_dir):
+        print(f"{args.run_dir}: not a run directory: no host directory in it has {layout.METRICS}, "
+              f"{layout.STATUS} or {DIAGNOSIS} {fix}", file=sys.stderr)
+        return 2
+    try:
+        print(write_report(args.run_dir, args.output))
+    except OSError as exc:
+        print(f"{args.output or args.run_dir / 'report.html'}: cannot write the report: {exc.strerror or exc} "
+              "(fix: pass -o PATH in a writable directory)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -403,3 +403,22 @@ def test_the_table_shows_the_action():
     lines = fc.table(rows).splitlines()
     assert lines[0].split()[:3] == ["host", "verdict", "action"]
     assert "reboot-node" in lines[1] and "check-host" in lines[2]
+
+
+def test_nonfinite_loss_is_its_own_verdict():
+    """The trainer's own stop on a NaN loss (messages.nonfinite_loss, exit EX_NONFINITE) is named as
+    such, with the config action, not as a crash."""
+    from flashfleet.contract import messages
+
+    ev = copy.deepcopy(evidence("handbuilt/crash.json"))
+    entries = ev["journal"]["entries"]
+    line = messages.nonfinite_loss(4990, float("nan"))
+    for e in entries:
+        if e.get("MESSAGE") == "KeyError: 'input_ids'":
+            e["MESSAGE"] = line
+        elif isinstance(e.get("MESSAGE"), str) and "status=1/FAILURE" in e["MESSAGE"]:
+            e["MESSAGE"] = e["MESSAGE"].replace("status=1/FAILURE", f"status={messages.EX_NONFINITE}/DATAERR")
+    ev["status"]["data"]["last_error"] = line.removeprefix(messages.ERROR_PREFIX)
+    d = fc.classify(ev)
+    assert d["verdict"] == "nonfinite-loss" and d["action"] == "fix-config", d
+    assert "non-finite loss nan at optimizer step 4990" in d["reason"]

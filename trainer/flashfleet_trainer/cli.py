@@ -1,14 +1,16 @@
 """`dflash-train`: parse, run, and map failures to exit codes.
 
 0 = finished or stopped by SIGTERM after saving; 78 = configuration/start-up error, printed as
-ONE line on stderr (the unit does not restart on it); anything else propagates as a traceback
+ONE line on stderr (the unit does not restart on it), a malformed command line included;
+65 = the loss or gradient norm became NaN or infinite (one line on stderr and in status.json's
+last_error; the newest checkpoint is the last good one); anything else propagates as a traceback
 (for the journal) after the rank (trainer.run_rank) has recorded it in status.json.
 What runs after parsing (check, plan, one process or a node) is launch.run's choice.
 """
 
 import sys
 
-from .config import EX_CONFIG, ConfigError, parse_args
+from .config import EX_CONFIG, EX_NONFINITE, ConfigError, NonFiniteLoss, parse_args
 
 
 def main(argv=None) -> int:
@@ -20,6 +22,9 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(e.line(), file=sys.stderr, flush=True)
         return EX_CONFIG
+    except NonFiniteLoss as e:
+        print(e.line(), file=sys.stderr, flush=True)
+        return EX_NONFINITE
 
 
 if __name__ == "__main__":

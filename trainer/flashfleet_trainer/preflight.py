@@ -275,6 +275,10 @@ def preflight(args) -> Plan:
 
     files, rows = check_schema(args.data_dir)
     summary.append(f"data {args.data_dir}: {len(files)} Parquet file(s), {rows} rows, schema ok")
+    eval_prompts = getattr(args, "eval_prompts", None)
+    if eval_prompts and not Path(eval_prompts).is_file():
+        raise ConfigError(f"--eval-prompts {eval_prompts}: no such file (evaluation would be skipped silently)",
+                          "point it at a JSONL of {\"input_ids\": [...]} or drop it")
 
     target_devices = parse_devices(args.target_gpus, "--target-gpus")
     drafter_devices = parse_devices(args.drafter_gpus, "--drafter-gpus")

@@ -31,7 +31,7 @@ import torch
 
 from . import checkpoint as ckpt
 from . import wandb_compat
-from .config import ConfigError
+from .config import ConfigError, NonFiniteLoss
 from .data import build_blocks, load_data, pack_epoch, sample_anchors
 from .evaluate import load_prompts, speculative_tau
 from .feed import Feed, InProcessFeed
@@ -482,6 +482,12 @@ class Trainer:
             self.status.update(ready=True)
         while self.step < self.total_steps and not self.stop_requested:
             rec = self.train_step()
+            # The step's one host read brought the loss and grad norm (all-reduced: every rank sees
+            # the same numbers and stops together). A non-finite one has already gone into the
+            # weights: stop before anything saves them; the newest checkpoint stays the last good one.
+            for what, v in (("loss", rec["loss"]), ("grad norm", rec["grad_norm"])):
+                if rec["rows"] and not math.isfinite(v):
+                    raise NonFiniteLoss(self.step, v, what)
             if main:
                 metrics.write(rec)
                 wandb_run.log(rec, self.step)
@@ -551,7 +557,8 @@ def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None
             log(f"{phase} at step {trainer.step}")
         return phase
     except BaseException as e:
-        status.update(phase="failed", step=trainer.step, last_error=f"{type(e).__name__}: {e}".splitlines()[0])
+        why = e.line() if isinstance(e, NonFiniteLoss) else f"{type(e).__name__}: {e}".splitlines()[0]
+        status.update(phase="failed", step=trainer.step, last_error=why)
         if wandb_run is not None:
             wandb_run.finish(exit_code=1)
         raise

@@ -8,6 +8,11 @@ import re
 
 PROGRAM = "flashfleet-train"
 EX_CONFIG = 78  # a deterministic start-up error (BSD EX_CONFIG): the unit does not restart on it
+# The loss (or the gradient norm) became NaN or infinite: the run stopped without saving that state,
+# the newest checkpoint is the last good one. 65 is BSD EX_DATAERR ("the input data was incorrect"):
+# the numbers went bad, not the process or the host, and a restart from the same checkpoint with the
+# same flags and data replays the same steps to the same NaN, so retrying cannot help either.
+EX_NONFINITE = 65
 
 CONFIG_ERROR_PREFIX = f"{PROGRAM}: config error: "
 ERROR_PREFIX = f"{PROGRAM}: error: "
@@ -23,6 +28,13 @@ def error(text: str) -> str:
     return f"{ERROR_PREFIX}{text}"
 
 
+def nonfinite_loss(step: int, value: float, what: str = "loss") -> str:
+    """The one line a run stopped by a NaN/infinite loss (or gradient norm) prints and records."""
+    return (f"{ERROR_PREFIX}non-finite {what} {value} at optimizer step {step}: stopped without saving it, "
+            "the newest checkpoint is the last good one (fix: lower --lr, check the data, or resume "
+            "from an earlier checkpoint)")
+
+
 def went_first(node: int, first: int, why: str) -> str:
     """A node's account of a failure another node started."""
     return f"node {node}: stopping, node {first} went first: {why}"
@@ -34,6 +46,7 @@ def also_went_first(msg: str, first: int, why: str) -> str:
 
 
 CONFIG_ERROR_RE = re.compile(re.escape(CONFIG_ERROR_PREFIX) + r".*")
+NONFINITE_RE = re.compile(re.escape(ERROR_PREFIX) + r"non-finite (loss|grad norm) \S+ at optimizer step (\d+): ")
 PEER_FAILURE_RE = re.compile(re.escape(ERROR_PREFIX) + r".*node \d+ went first: ")
 # A journal line that states why a start failed: the config error line, or the last line of a
 # Python traceback (`pkg.module.SomeError: message`). Python `re` syntax: Jinja's `search` uses it.

@@ -1,18 +1,16 @@
 #!/usr/bin/python
 """Ansible module flashfleet_run_state: a run's status.json and newest optimizer-step record.
 
-Read on the host with the run contract's own readers (module_utils/flashfleet/contract, shipped
-with the module): `status.read`, and `metrics.read` of the tail of metrics.jsonl with
-`metrics.is_step`, so a line cut by a write in progress and the evaluation's final record (no loss)
-are handled as every other reader handles them. Read-only.
+A thin wrapper: the logic is flashfleet.runstate.read (module_utils/flashfleet/runstate.py), which
+reads on the host with the run contract's own readers (`status.read`, and `metrics.read` of the
+tail of metrics.jsonl with `metrics.is_step`, so a line cut by a write in progress and the
+evaluation's final record (no loss) are handled as every other reader handles them). Read-only.
 """
 
 from __future__ import annotations
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.flashfleet.contract import layout, metrics, status
+from ansible.module_utils.flashfleet import runstate
 
 DOCUMENTATION = r"""
 module: flashfleet_run_state
@@ -63,22 +61,12 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "output_dir": {"type": "path", "required": True},
-            "tail_bytes": {"type": "int", "default": 1 << 20},
+            "tail_bytes": {"type": "int", "default": runstate.TAIL_BYTES},
         },
         supports_check_mode=True,
     )
-    root = module.params["output_dir"]
-    result = {"changed": False, "status": None, "status_error": None, "last_step": {}, "metrics_error": None}
-    try:
-        result["status"] = status.read(os.path.join(root, layout.STATUS))
-    except status.StatusError as e:
-        result["status_error"] = str(e)
-    try:
-        records = metrics.read(os.path.join(root, layout.METRICS), module.params["tail_bytes"])
-        result["last_step"] = next((r for r in reversed(records) if metrics.is_step(r)), {})
-    except OSError as e:
-        result["metrics_error"] = f"{os.path.join(root, layout.METRICS)}: {e.strerror or e}"
-    module.exit_json(**result)
+    result = runstate.read(module.params["output_dir"], module.params["tail_bytes"])
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

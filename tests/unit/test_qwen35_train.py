@@ -71,3 +71,35 @@ def test_a_drafter_trained_on_the_hybrid_target_is_accepted(tiny35, tmp_path, si
     base = speculative_tau(producer, untrained, prompts, 4, 16)["tau"]
     print(f"hybrid tiny target: tau {tau:.3f} trained vs {base:.3f} untrained (block 4)")
     assert tau > 1.5 and tau > base + 0.5, (tau, base)
+
+    # The drafter leaves the project for this target too: dflash-export reads the wrapped target's
+    # text_config, and the exported directory (sliding layer included) gives the same tau and,
+    # through z-lab's DFlashDraftModel, the same logits as the project's drafter on hybrid features.
+    from flashfleet_trainer import export
+    from flashfleet_trainer.evaluate import load_exported_drafter
+
+    from tests.unit.test_export import _block_logits, _zlab
+
+    exported = tmp_path / "drafter"
+    assert export.main([str(out), str(exported)]) == 0
+    cfg = json.loads((exported / "config.json").read_text())
+    text = json.loads((tiny35 / "model" / "config.json").read_text())["text_config"]
+    assert cfg["num_target_layers"] == text["num_hidden_layers"] and cfg["vocab_size"] == text["vocab_size"]
+    assert cfg["layer_types"] == ["sliding_attention", "full_attention"]
+    assert cfg["use_sliding_window"] is True and cfg["sliding_window"] == 8
+    mine = load_exported_drafter(exported, tiny35 / "model")
+    bf16 = load_drafter(ckpt)  # the checkpoint at the format's precision: what the export holds
+    bf16.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in bf16.state_dict().items()})
+    assert speculative_tau(producer, mine, prompts, 4, 16)["tau"] == speculative_tau(producer, bf16, prompts, 4, 16)["tau"]
+    zlab = _zlab()
+    model = zlab.DFlashDraftModel.from_pretrained(str(exported), dtype=torch.float32).eval()
+    seq = prompts[0] + [5, 6, 7, 8, 9, 10]
+    feats, _ = producer.forward(torch.tensor([seq]))
+    embed, head = producer.embed_weight, producer.lm_head_weight
+    for anchor in (5, len(seq) - 4):
+        ids = torch.tensor([[seq[anchor]] + [cfg["dflash_config"]["mask_token_id"]] * 3])
+        with torch.no_grad():
+            hidden = model(position_ids=torch.arange(anchor + 4)[None], noise_embedding=embed[ids],
+                           target_hidden=feats[:, :anchor])
+        torch.testing.assert_close(hidden[0, 1:] @ head.T, _block_logits(mine, embed, head, feats[0], seq, anchor),
+                                   atol=1e-4, rtol=1e-4)

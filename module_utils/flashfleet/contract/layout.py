@@ -5,6 +5,8 @@
     checkpoints/       step-NNNNNNNN/ directories (checkpoint.py)
     run.json           what the run keeps across restarts: invocation count, W&B id (runstate.py)
     wandb/             wandb's own directory (offline-run-*/ when WANDB_MODE=offline)
+    deaths/            one <UTC time>-<invocation>/ directory per death of the run's unit, written
+                       on the host at that moment (flashfleet.death), never overwritten
 """
 
 import re
@@ -17,9 +19,27 @@ WANDB = "wandb"  # wandb.init(dir=<run dir>) makes it
 
 # systemd: one template unit, the run's name is the instance.
 UNIT_TEMPLATE = "flashfleet-train@.service"
+# Word at death: flashfleet-verdict@<run>.service (root, oneshot) records each death of the run's
+# unit into deaths/<record>/ (evidence.json, verdict.json, and webhook.json when one is configured).
+# Records are made under a dot-name and renamed into place whole: readers skip dot-names.
+DEATHS = "deaths"
+DEATH_EVIDENCE = "evidence.json"
+DEATH_VERDICT = "verdict.json"
+DEATH_WEBHOOK = "webhook.json"
+VERDICT_UNIT_TEMPLATE = "flashfleet-verdict@.service"
+# The webhook's settings in the verdict unit's root-only EnvironmentFile (the token never on a
+# command line, in the journal or in the trainer's environment).
+WEBHOOK_URL_ENV = "FLASHFLEET_WEBHOOK_URL"
+WEBHOOK_TOKEN_ENV = "FLASHFLEET_WEBHOOK_TOKEN"
+WEBHOOK_TIMEOUT_ENV = "FLASHFLEET_WEBHOOK_TIMEOUT_S"
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def unit_name(run: str) -> str:
     """The run's systemd unit, e.g. flashfleet-train@v2.service."""
     return UNIT_TEMPLATE.replace("@", "@" + run)
+
+
+def verdict_unit_name(run: str) -> str:
+    """The unit that records the run's deaths, e.g. flashfleet-verdict@v2.service."""
+    return VERDICT_UNIT_TEMPLATE.replace("@", "@" + run)

@@ -21,9 +21,20 @@ contract's (`contract.files.digests`), and so is the safetensors check of a stag
 S3 access uses boto3 (any endpoint URL); the module must therefore run with an interpreter that
 has boto3 (the trainer venv, whose lock pins it). https sources use only the standard library.
 Credentials are module options marked no_log and never appear in results or messages.
+
+Failures: every one is a StageError carrying host, file, problem and fix, which `run_module` turns
+into fail_json; an OSError or anything unexpected becomes the same JSON, never a traceback. The
+input is checked before anything is written (parameters, the destination's writability, the
+source's listing or HEAD sizes against the manifest), so a refused run creates nothing. Only
+transient network errors (timeouts, resets, 5xx) are retried; a size or checksum mismatch is
+deterministic and fails at once, its `.part` removed (the bytes are still at the source; the
+message names both sizes or hashes). A staged file whose content differs from the manifest is
+replaced (or, without a source, listed for the caller's copy) only with repair=true; otherwise the
+module fails naming it and leaves it as it is.
 """
 
 import concurrent.futures
+import errno
 import hashlib
 import json
 import os
@@ -53,12 +64,57 @@ AUTH_CODES = {
 }
 
 
-class StageError(Exception):
-    """A failure with a message fit for the user (host, problem, fix); `result` goes with it."""
+RETRY_BACKOFF_S = 1.0  # attempt n waits n times this after a transient error (tests set 0)
 
-    def __init__(self, msg, **result):
-        super().__init__(msg)
-        self.result = result
+
+class StageError(Exception):
+    """A failure fit for the user: host, file (or directory, or source URL), problem, fix.
+    str() is the one-line message; `result` (host, file, problem, fix and extras) goes to fail_json."""
+
+    def __init__(self, host, file, problem, fix, **extra):
+        self.host, self.file, self.problem, self.fix = host, file, problem, fix
+        super().__init__(f"{host}: {file}: {problem}. Fix: {fix}" if file else f"{host}: {problem}. Fix: {fix}")
+        self.result = {"host": host, "file": file, "problem": problem, "fix": fix, **extra}
+
+
+class Transient(Exception):
+    """A network failure worth another attempt (timeout, reset, refused connection, 5xx)."""
+
+
+def os_error(host, exc, where=None):
+    """An OSError as a StageError naming the path and the fix for its errno."""
+    path = exc.filename or where
+    why = exc.strerror or str(exc)
+    fixes = {
+        errno.EACCES: "run the task with become: true, or give this user write access there, or choose another dest",
+        errno.EPERM: "run the task with become: true, or choose another dest",
+        errno.EROFS: "choose a destination on a writable file system (or remount it read-write)",
+        errno.ENOTDIR: "a path component is a file, not a directory: remove it or choose another dest",
+        errno.EISDIR: "a directory is where a file must go: remove it or choose another dest",
+        errno.EEXIST: "something is in the way: remove it or choose another dest",
+        errno.ENOSPC: "free space on that file system or choose another dest",
+        errno.EDQUOT: "raise the quota or choose another dest",
+    }
+    return StageError(host, path, why, fixes.get(exc.errno, "check that path and re-run"))
+
+
+def dest_problem(host, path):
+    """A StageError when the module could not write under `path`, else None. Reads only: the
+    nearest existing ancestor must be a directory, writable, on a read-write file system."""
+    target = os.path.abspath(path)
+    probe = target
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        what = "is not a directory" if probe == target else f"is a file, not a directory, so {target} cannot be made"
+        return StageError(host, probe, what, "remove or rename it, or choose another dest")
+    if os.statvfs(probe).f_flag & os.ST_RDONLY:
+        return StageError(host, probe, "is on a read-only file system",
+                          "choose a destination on a writable file system (or remount it read-write)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return StageError(host, probe, f"is not writable by uid {os.geteuid()} (permission denied)",
+                          "run the task with become: true, or give this user write access there, or choose another dest")
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,7 +160,8 @@ def normalize_manifest(manifest):
 def merge_expected(listing, given, recorded):
     """What each file must be.
 
-    listing: {rel: {'size', 'etag'}} from the source (None when the source is not listed).
+    listing: {rel: {'size', 'etag'}} from the source (None when the source is not listed; a size
+    of None when the source did not say).
     given: the caller's manifest (pins content; the source must agree with it).
     recorded: the manifest written by an earlier run (trusted only while the source still has the
     same size and ETag for the file).
@@ -118,7 +175,7 @@ def merge_expected(listing, given, recorded):
             if listing is not None and src is None:
                 errors.append(f"{rel}: in the manifest but not at the source")
                 continue
-            if src is not None and src["size"] != ent["size"]:
+            if src is not None and src["size"] is not None and src["size"] != ent["size"]:
                 errors.append(f"{rel}: the source has {src['size']} bytes, the manifest says {ent['size']}")
                 continue
             expected[rel] = {"size": ent["size"], "sha256": ent["sha256"], "etag": (src or {}).get("etag")}
@@ -270,6 +327,12 @@ def write_manifest(root, source, entries):
 # --------------------------------------------------------------------------------------------
 
 
+def _total_from_range(content_range):
+    """The object's full size from a Content-Range header ('bytes 10-99/100'), or None."""
+    m = re.match(r"^bytes \d+-\d+/(\d+)$", (content_range or "").strip())
+    return int(m.group(1)) if m else None
+
+
 class S3Source:
     def __init__(self, url, endpoint_url, region, access_key, secret_key, session_token, verify, concurrency, host):
         try:
@@ -278,9 +341,8 @@ class S3Source:
             import botocore.exceptions
         except ImportError as e:
             raise StageError(
-                f"{host}: the interpreter running this module lacks boto3 ({e}); S3 sources need it. "
-                "Fix: provision python_env first (its lock pins boto3) or point dataset_python at a "
-                "Python that has boto3."
+                host, url, f"the interpreter running this module lacks boto3 ({e}); S3 sources need it",
+                "provision python_env first (its lock pins boto3) or point dataset_python at a Python that has boto3",
             ) from None
         self.exc = botocore.exceptions
         self.url = url
@@ -302,36 +364,34 @@ class S3Source:
                 kwargs["aws_session_token"] = session_token
         self.client = boto3.session.Session().client("s3", **kwargs)
 
-    def _explain(self, e):
+    def _explain(self, e, what):
+        """A botocore error as a StageError (deterministic) or Transient (worth another attempt)."""
         if isinstance(e, self.exc.NoCredentialsError):
-            return StageError(
-                f"{self.host}: no S3 credentials for {self.url} at {self.endpoint}. Fix: set "
-                "dataset_s3_access_key and dataset_s3_secret_key (vaulted) in the inventory, or give "
-                "the host an instance role."
-            )
-        if isinstance(e, self.exc.EndpointConnectionError | self.exc.ConnectTimeoutError):
-            return StageError(
-                f"{self.host}: cannot connect to the S3 endpoint {self.endpoint} ({type(e).__name__}). "
-                "Fix: check dataset_s3_endpoint_url and that the host can reach it."
-            )
+            return StageError(self.host, what, f"no S3 credentials for {self.url} at {self.endpoint}",
+                              "set dataset_s3_access_key and dataset_s3_secret_key (vaulted) in the inventory, "
+                              "or give the host an instance role")
+        if isinstance(e, self.exc.EndpointConnectionError | self.exc.ConnectTimeoutError | self.exc.ReadTimeoutError):
+            return Transient(f"cannot connect to the S3 endpoint {self.endpoint} ({type(e).__name__})")
         if isinstance(e, self.exc.ClientError):
             err = e.response.get("Error", {})
             code = str(err.get("Code", ""))
             status = str(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
             if code in AUTH_CODES or status in ("401", "403"):
                 return StageError(
-                    f"{self.host}: the S3 endpoint {self.endpoint} rejected the credentials for "
-                    f"{self.url} ({code or status}). Fix: check dataset_s3_access_key / "
-                    "dataset_s3_secret_key (and session token) are the keys issued for this endpoint "
-                    "and may read this bucket and prefix."
-                )
-            if code in ("NoSuchBucket", "404"):
-                return StageError(
-                    f"{self.host}: bucket '{self.bucket}' does not exist at {self.endpoint}. Fix: check "
-                    "the source URL and dataset_s3_endpoint_url."
-                )
-            return StageError(f"{self.host}: S3 error at {self.endpoint} for {self.url}: {code} {err.get('Message', '')}")
-        return StageError(f"{self.host}: S3 error at {self.endpoint} for {self.url}: {type(e).__name__}: {e}")
+                    self.host, what, f"the S3 endpoint {self.endpoint} rejected the credentials for {self.url} "
+                    f"({code or status})", "check dataset_s3_access_key / dataset_s3_secret_key (and session "
+                    "token) are the keys issued for this endpoint and may read this bucket and prefix")
+            if code == "NoSuchBucket" or (code == "404" and what == self.url):
+                return StageError(self.host, what, f"bucket '{self.bucket}' does not exist at {self.endpoint}",
+                                  "check the source URL and dataset_s3_endpoint_url")
+            if code in ("NoSuchKey", "404"):
+                return StageError(self.host, what, f"no such object under {self.url} at {self.endpoint}",
+                                  "check the source URL and the manifest's file names")
+            if status.startswith("5") or code in ("SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout"):
+                return Transient(f"S3 {code or status} from {self.endpoint}")
+            return StageError(self.host, what, f"S3 error at {self.endpoint}: {code} {err.get('Message', '')}".strip(),
+                              "check the source URL, the endpoint and the keys")
+        return Transient(f"S3 error at {self.endpoint}: {type(e).__name__}: {e}")
 
     def listing(self):
         out = {}
@@ -344,29 +404,37 @@ class S3Source:
                         continue
                     rel = key[len(self.prefix) :]
                     if not safe_relpath(rel):
-                        raise StageError(f"{self.host}: object key {key!r} would escape the destination")
+                        raise StageError(self.host, key, "this object key would escape the destination",
+                                         "rename the object or stage a narrower prefix")
                     out[rel] = {"size": int(obj["Size"]), "etag": obj.get("ETag", "").strip('"') or None}
         except StageError:
             raise
         except Exception as e:  # botocore raises many types; all are explained the same way
-            raise self._explain(e) from None
+            err = self._explain(e, self.url)
+            if isinstance(err, Transient):  # boto3 has retried already: listing is not retried again
+                err = StageError(self.host, self.url, str(err), "check dataset_s3_endpoint_url and that the host can reach it")
+            raise err from None
         if not out:
-            raise StageError(
-                f"{self.host}: no objects under {self.url} at {self.endpoint}. Fix: check the bucket and prefix."
-            )
+            raise StageError(self.host, self.url, f"no objects under this prefix at {self.endpoint}",
+                             "check the bucket and prefix")
         return out
 
     def open_range(self, rel, offset):
-        """Returns (stream, offset actually served)."""
+        """Returns (stream, offset actually served, the object's full size or None)."""
         kw = {"Bucket": self.bucket, "Key": self.prefix + rel}
         if offset:
             kw["Range"] = f"bytes={offset}-"
         try:
             resp = self.client.get_object(**kw)
         except Exception as e:
-            raise self._explain(e) from None
+            raise self._explain(e, rel) from None
         served = offset if offset and resp.get("ContentRange") else 0
-        return resp["Body"], served
+        total = _total_from_range(resp.get("ContentRange")) if served else resp.get("ContentLength")
+        return resp["Body"], served, total
+
+
+# HTTP answers worth another attempt; any other error status is final.
+HTTP_TRANSIENT = {408, 425, 429, 500, 502, 503, 504}
 
 
 class HttpSource:
@@ -382,64 +450,136 @@ class HttpSource:
             self.ctx.verify_mode = ssl.CERT_NONE
 
     def _open(self, rel, method="GET", offset=0):
-        req = urllib.request.Request(self.base + urllib.parse.quote(rel), method=method)
+        url = self.base + urllib.parse.quote(rel)
+        req = urllib.request.Request(url, method=method)
         if offset:
             req.add_header("Range", f"bytes={offset}-")
         try:
             return urllib.request.urlopen(req, timeout=120, context=self.ctx)
         except urllib.error.HTTPError as e:
-            fix = "check the credentials/URL" if e.code in (401, 403) else "check the URL"
-            raise StageError(f"{self.host}: {self.base + rel} answered HTTP {e.code}. Fix: {fix}.") from None
+            e.close()
+            if e.code in HTTP_TRANSIENT:
+                raise Transient(f"{url} answered HTTP {e.code}") from None
+            if e.code in (405, 501) and method == "HEAD":
+                return None  # no HEAD here: the size is checked on the GET instead
+            fix = "check the credentials and the URL" if e.code in (401, 403) else "check the URL and the file names"
+            raise StageError(self.host, rel, f"{url} answered HTTP {e.code}", fix) from None
         except (urllib.error.URLError, OSError) as e:
-            raise StageError(f"{self.host}: cannot reach {self.base + rel} ({e}). Fix: check the URL and network.") from None
+            raise Transient(f"cannot reach {url} ({getattr(e, 'reason', e)})") from None
 
-    def sizes(self, names):
-        out = {}
-        for rel in names:
-            with self._open(rel, "HEAD") as r:
-                length = r.headers.get("Content-Length")
-            if length is None:
-                raise StageError(f"{self.host}: {self.base + rel} gives no Content-Length; pass a manifest with sizes.")
-            out[rel] = {"size": int(length), "etag": None}
-        return out
+    def size(self, rel):
+        """The file's size from a HEAD request (None when the server does not say)."""
+        r = self._open(rel, "HEAD")
+        if r is None:
+            return None
+        with r:
+            length = r.headers.get("Content-Length")
+        return int(length) if length is not None else None
+
+    def sizes(self, names, attempts, workers, need_size):
+        """{rel: {'size', 'etag'}} by HEAD, before anything is written; a 404 is a StageError."""
+
+        def one(rel):
+            size = _with_retries(lambda: self.size(rel), attempts, self.host, rel,
+                                 "check the URL and that the host can reach it")
+            if size is None and need_size:
+                raise StageError(self.host, rel, f"{self.base + rel} gives no Content-Length",
+                                 "pass a manifest with sizes")
+            return rel, {"size": size, "etag": None}
+
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(names)))) as pool:
+            return dict(pool.map(one, names))
 
     def open_range(self, rel, offset):
         r = self._open(rel, offset=offset)
         served = offset if (offset and r.status == 206) else 0
-        return r, served
+        if served:
+            total = _total_from_range(r.headers.get("Content-Range"))
+        else:
+            length = r.headers.get("Content-Length")
+            total = int(length) if length is not None else None
+        return r, served, total
+
+
+def _with_retries(fn, attempts, host, file, fix):
+    """fn() retried on Transient only (with a growing pause); the last Transient becomes a StageError."""
+    last = None
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(RETRY_BACKOFF_S * attempt)
+        try:
+            return fn()
+        except Transient as e:
+            last = e
+    raise StageError(host, file, f"{attempts} attempt(s) failed: {last}", fix)
 
 
 # --------------------------------------------------------------------------------------------
 # Staging
 # --------------------------------------------------------------------------------------------
 
+NETWORK_FIX = "check the network and the source, then re-run: the partial file is kept and resumed"
 
-def _download(source, rel, ent, root, action, offset, attempts):
-    """Fetch one file into place; returns (action taken, bytes transferred, sha256 hex)."""
+
+def _read(body, n):
+    """A chunk of the response; any failure of the stream is a network one."""
+    try:
+        return body.read(n)
+    except Exception as e:  # urllib, http.client and botocore each raise their own types
+        raise Transient(f"the transfer broke off ({type(e).__name__}: {e})") from None
+
+
+def _download(source, rel, ent, root, action, offset, attempts, host="?"):
+    """Fetch one file into place; returns (action taken, bytes transferred, sha256 hex).
+
+    Transient network errors and a stream that ends early are retried (resuming); the source's
+    size differing from the manifest is refused before a byte is written; a complete download
+    whose hash is wrong is not retried (the same bytes would come again), unless its first part came
+    from disk (a resume), which earns one full fetch. A mismatch removes its .part."""
     final = os.path.join(root, rel)
     part = final + PART_SUFFIX
-    os.makedirs(os.path.dirname(final), exist_ok=True)
     moved = 0
     taken = action
     last = None
-    for _attempt in range(attempts):
-        if action == "resume" and os.path.exists(final) and not os.path.exists(part):
-            os.replace(final, part)
+    attempt = 0
+    refetched_once = False
+    while attempt < attempts:
+        if attempt and last is not None:
+            time.sleep(RETRY_BACKOFF_S * attempt)
+        attempt += 1
         if action != "resume":
             offset = 0
-        body, served = source.open_range(rel, offset)
+        try:
+            body, served, total = source.open_range(rel, offset)
+        except Transient as e:
+            last = str(e)
+            continue
+        if total is not None and total != ent["size"]:
+            body.close()
+            raise StageError(host, rel, f"the source has {total} bytes, the manifest says {ent['size']}; nothing "
+                             "was written", "fix the manifest (mode=manifest on a good copy) or the source object")
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        if action == "resume" and os.path.exists(final) and not os.path.exists(part):
+            os.replace(final, part)
         if served != offset:
             offset = 0  # the server ignored the Range: start over
         # A fresh download is hashed as it streams in; a resumed one is hashed whole once complete.
         streamed = None if offset else (hashlib.sha256(), hashlib.md5(usedforsecurity=False))
+        broke, buf = None, b""
         with open(part, "r+b" if offset else "wb") as f:
             f.seek(offset)
             f.truncate()
             try:
                 while True:
-                    buf = body.read(CHUNK)
+                    try:
+                        buf = _read(body, CHUNK)
+                    except Transient as e:
+                        broke = str(e)
+                        break
                     if not buf:
                         break
+                    if f.tell() + len(buf) > ent["size"]:
+                        break  # more than the manifest says: refused below, without writing past it
                     f.write(buf)
                     if streamed:
                         streamed[0].update(buf)
@@ -450,9 +590,15 @@ def _download(source, rel, ent, root, action, offset, attempts):
             f.flush()
             os.fsync(f.fileno())
             size = f.tell()
-        if size != ent["size"]:
-            last = f"got {size} bytes, expected {ent['size']}"
-            action, offset = ("resume", size) if 0 < size < ent["size"] else ("fetch", 0)
+        if broke is None and buf and size + len(buf) > ent["size"]:
+            os.unlink(part)
+            raise StageError(host, rel, f"the source sent more than the {ent['size']} bytes the manifest says; "
+                             "the partial file was removed", "fix the manifest (mode=manifest on a good copy) "
+                             "or the source object")
+        if size < ent["size"]:
+            # The stream ended early (a network failure): resume from what arrived.
+            last = broke or f"the transfer ended at {size} of {ent['size']} bytes"
+            action, offset = ("resume", size) if size > 0 else ("fetch", 0)
             continue
         if streamed:
             sha, md5 = streamed[0].hexdigest(), streamed[1].hexdigest()
@@ -464,18 +610,38 @@ def _download(source, rel, ent, root, action, offset, attempts):
             os.chmod(part, 0o644)
             os.replace(part, final)
             return taken, moved, sha
-        last = why
         os.unlink(part)
-        action, offset, taken = "fetch", 0, "refetched"
-    raise StageError(f"{rel}: still wrong after {attempts} attempts ({last})")
+        if offset and not refetched_once:
+            # The first bytes came from disk and may be the bad ones: one full fetch decides.
+            refetched_once, last = True, None
+            action, offset, taken = "fetch", 0, "refetched"
+            attempt -= 1  # not a network failure: it uses no attempt
+            continue
+        raise StageError(host, rel, f"the downloaded bytes do not match ({why}); not retried: the source "
+                         "would send the same bytes; the partial file was removed",
+                         "fix the manifest (mode=manifest on a good copy) or re-upload the source object")
+    raise StageError(host, rel, f"{attempts} attempt(s) failed: {last}", NETWORK_FIX)
 
 
-def stage(source, expected, root, concurrency, attempts, check_mode=False, recorded=None):
+def _mismatch_error(host, mismatched, fix, **extra):
+    names = ", ".join(f"{rel} ({why})" for rel, why in mismatched[:10])
+    more = f" and {len(mismatched) - 10} more" if len(mismatched) > 10 else ""
+    return StageError(host, mismatched[0][0], f"{len(mismatched)} staged file(s) differ from the manifest: "
+                      f"{names}{more}; left as they are", fix, mismatched=[rel for rel, _ in mismatched], **extra)
+
+
+REPAIR_FIX = ("find out what changed them (they are left as they are); to replace them from the source, re-run "
+              "with repair: true (the dataset role: -e dataset_repair=true)")
+
+
+def stage(source, expected, root, concurrency, attempts, check_mode=False, recorded=None, repair=False, host="?"):
     """Bring root to `expected`. Returns (results {rel: (action, bytes, sha)}, seconds of transfer).
-    recorded: the manifest of an earlier run, for quick verify (None: hash every present file)."""
-    os.makedirs(root, exist_ok=True)
+    recorded: the manifest of an earlier run, for quick verify (None: hash every present file).
+    A present file of other content is fetched again only with repair; without it, nothing is
+    transferred and the StageError lists those files. Directories are made only when a file arrives."""
     results = {}
     todo = []
+    mismatched = []
 
     def inspect(rel):
         ent = expected[rel]
@@ -488,18 +654,25 @@ def stage(source, expected, root, concurrency, attempts, check_mode=False, recor
             return rel, "skipped", 0, ent["sha256"]
         if action == "verify":
             d = files.digests(final, HASHES)
-            if check_content(ent, d["sha256"], d["md5"]) is None:
+            why = check_content(ent, d["sha256"], d["md5"])
+            if why is None:
                 return rel, "skipped", 0, d["sha256"]
-            return rel, "refetched", 0, None
+            return rel, "refetched", 0, why
+        if fsize is not None and fsize > ent["size"]:
+            return rel, "refetched", 0, f"{fsize} bytes, the manifest says {ent['size']}"
         return rel, action, offset, None
 
     workers = max(1, min(concurrency, len(expected) or 1))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for rel, action, offset, sha in pool.map(inspect, sorted(expected)):
+        for rel, action, offset, info in pool.map(inspect, sorted(expected)):
             if action == "skipped":
-                results[rel] = ("skipped", 0, sha)
+                results[rel] = ("skipped", 0, info)
             else:
+                if action == "refetched":
+                    mismatched.append((rel, info))
                 todo.append((rel, action, offset))
+    if mismatched and not repair:
+        raise _mismatch_error(host, mismatched, REPAIR_FIX)
     start = time.monotonic()
     if check_mode:
         for rel, action, _ in todo:
@@ -508,12 +681,8 @@ def stage(source, expected, root, concurrency, attempts, check_mode=False, recor
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         futs = {}
         for rel, action, offset in todo:
-            if action == "refetched":
-                os.unlink(os.path.join(root, rel))
-                act, off = "fetch", 0
-            else:
-                act, off = action, offset
-            fut = pool.submit(_download, source, rel, expected[rel], root, act, off, attempts)
+            act, off = ("fetch", 0) if action == "refetched" else (action, offset)
+            fut = pool.submit(_download, source, rel, expected[rel], root, act, off, attempts, host)
             futs[fut] = (rel, action)
         errors = []
         for fut in concurrent.futures.as_completed(futs):
@@ -521,7 +690,10 @@ def stage(source, expected, root, concurrency, attempts, check_mode=False, recor
             try:
                 taken, moved, sha = fut.result()
             except StageError as e:
-                errors.append(str(e))
+                errors.append(e)
+                continue
+            except OSError as e:
+                errors.append(os_error(host, e, os.path.join(root, rel)))
                 continue
             name = {"fetch": "downloaded", "resume": "resumed"}.get(planned, planned)
             if taken == "refetched":
@@ -529,31 +701,40 @@ def stage(source, expected, root, concurrency, attempts, check_mode=False, recor
             results[rel] = (name, moved, sha)
     seconds = time.monotonic() - start
     if errors:
-        raise StageError("; ".join(sorted(errors)))
+        errors.sort(key=lambda e: str(e.file))
+        if len(errors) == 1:
+            raise errors[0]
+        first = errors[0]
+        raise StageError(host, first.file, f"{len(errors)} files failed: " + "; ".join(
+            f"{e.file}: {e.problem}" for e in errors), first.fix,
+            failures=[{"file": e.file, "problem": e.problem, "fix": e.fix} for e in errors])
     return results, seconds
 
 
-def verify_only(expected, root, check_mode=False, recorded=None):
-    """Verify root against expected; delete corrupt files; return (missing, manifest, changed).
+def verify_only(expected, root, recorded=None):
+    """Verify root against expected, changing nothing; returns (missing, mismatched, manifest):
+    absent or short files, files of other content [(rel, why)], and the verified ones' entries.
     recorded: as for stage()."""
-    missing, manifest, changed = [], {}, False
+    missing, mismatched, manifest = [], [], {}
     for rel in sorted(expected):
         ent = expected[rel]
         p = os.path.join(root, rel)
         if still_verified(p, (recorded or {}).get(rel), ent.get("sha256")):
             manifest[rel] = {"size": ent["size"], "sha256": ent["sha256"], "mtime_ns": mtime_ns(p)}
             continue
-        if os.path.isfile(p) and os.path.getsize(p) == ent["size"]:
+        size = os.path.getsize(p) if os.path.isfile(p) else None
+        if size == ent["size"]:
             d = files.digests(p, HASHES)
-            if check_content(ent, d["sha256"], d["md5"]) is None:
+            why = check_content(ent, d["sha256"], d["md5"])
+            if why is None:
                 manifest[rel] = {"size": ent["size"], "sha256": d["sha256"], "mtime_ns": mtime_ns(p)}
                 continue
-            if not check_mode:
-                os.unlink(p)
-                changed = True
-        missing.append(rel)
-    return missing, manifest, changed
-
+            mismatched.append((rel, why))
+        elif size is not None and size > ent["size"]:
+            mismatched.append((rel, f"{size} bytes, the manifest says {ent['size']}"))
+        else:
+            missing.append(rel)
+    return missing, mismatched, manifest
 
 
 # --------------------------------------------------------------------------------------------
@@ -564,8 +745,8 @@ def verify_only(expected, root, check_mode=False, recorded=None):
 def _check_safetensors(host, dest):
     errs = safetensors.check_dir(dest)
     if errs:
-        raise StageError(f"{host}: safetensors check failed in {dest}: " + "; ".join(errs[:10])
-                         + ". Fix: the source model is damaged or incomplete; re-upload it.", dest=dest)
+        raise StageError(host, dest, "safetensors check failed: " + "; ".join(errs[:10]),
+                         "the source model is damaged or incomplete; re-upload it", dest=dest)
 
 
 def _choose_place(p, host, listing, given):
@@ -576,50 +757,86 @@ def _choose_place(p, host, listing, given):
         return dest, "preferred", None
     expected, errors = merge_expected(listing, given, read_recorded(dest))
     if errors:
-        raise StageError(f"{host}: source {p['src']} disagrees with the manifest: " + "; ".join(errors))
+        raise _disagree(host, p["src"], errors)
     total = sum(e["size"] for e in expected.values())
     free = free_bytes_at(dest)
     fits, need, margin = placement(total, present_bytes(dest, expected), free,
                                    p["free_margin_ratio"], p["free_margin_bytes"])
     if fits:
         return dest, "preferred", None
-    why = (f"{host}: {human(total)} does not fit in {dest} with the margin ({human(free)} free, "
+    why = (f"{human(total)} does not fit in {dest} with the margin ({human(free)} free, "
            f"{human(need)} still to write, {human(margin)} to keep free)")
-    fix = "Fix: enlarge that tmpfs (e.g. a bigger /dev/shm) or stage less"
+    fix = "enlarge that tmpfs (e.g. a bigger /dev/shm) or stage less"
     if p["fallback_policy"] == "fail":
-        raise StageError(f"{why}; dataset_model_shm_required is true, so this is an error instead of "
-                         f"staging to {p['fallback_dest']} on disk. {fix}.")
+        raise StageError(host, dest, f"{why}; dataset_model_shm_required is true, so this is an error instead of "
+                         f"staging to {p['fallback_dest']} on disk", fix)
     return p["fallback_dest"], "fallback", (
-        f"{why}: staged to {p['fallback_dest']} on disk instead, which loads slower. {fix}; "
+        f"{host}: {why}: staged to {p['fallback_dest']} on disk instead, which loads slower. Fix: {fix}; "
         "set dataset_model_shm_required: true to make this an error.")
+
+
+def _disagree(host, src, errors):
+    first = errors[0].split(":", 1)[0]
+    return StageError(host, first, f"source {src} disagrees with the manifest: " + "; ".join(errors)
+                      + "; nothing was written", "fix the manifest (mode=manifest on a good copy) or the source")
+
+
+def _check_params(p, host):
+    """Options that cannot work, refused before anything is read or written."""
+    def bad(what, fix):
+        return StageError(host, None, what, fix)
+
+    if not p["dest"]:
+        raise bad("dest is required", "give dest, the directory to stage into")
+    for key in ("dest", "fallback_dest"):
+        if p[key] and not os.path.isabs(p[key]):
+            raise bad(f"{key} {p[key]!r} is not an absolute path", f"give {key} as an absolute path")
+    if not 1 <= p["concurrency"] <= 256:
+        raise bad(f"concurrency {p['concurrency']} is outside 1-256", "set concurrency (dataset_concurrency) to 1-256")
+    if p["retries"] < 1:
+        raise bad(f"retries {p['retries']} is below 1", "set retries (dataset_retries) to 1 or more")
+    if not 0 <= p["free_margin_ratio"] < 1:
+        raise bad(f"free_margin_ratio {p['free_margin_ratio']} is outside [0, 1)",
+                  "set free_margin_ratio (dataset_model_shm_margin_ratio) to a fraction below 1")
+    if p["free_margin_bytes"] < 0:
+        raise bad(f"free_margin_bytes {p['free_margin_bytes']} is negative",
+                  "set free_margin_bytes (dataset_model_shm_min_free) to 0 or more")
 
 
 def execute(p: dict, check_mode: bool = False, warn=lambda msg: None) -> dict:
     """Run the module with its parameters `p` (every option, as the argument spec fills them in):
-    the result for exit_json; StageError (msg, .result) for fail_json. `warn` gets each warning."""
+    the result for exit_json; StageError (msg, .result) for fail_json. `warn` gets each warning.
+    Everything is checked before anything is written: a refused run leaves dest as it was."""
     host = p["host_label"] or socket.gethostname()
 
     if p["mode"] == "manifest":
         if not p["src"] or not os.path.isdir(p["src"]):
-            raise StageError(f"mode=manifest needs src to be a local directory, got {p['src']!r}")
+            raise StageError(host, p["src"], "mode=manifest needs src to be a local directory",
+                             "give src as a directory on this machine")
         m = local_manifest(p["src"])
         return {"changed": False, "manifest": m, "total_bytes": sum(e["size"] for e in m.values())}
 
-    if not p["dest"]:
-        raise StageError("dest is required")
-    if not 1 <= p["concurrency"] <= 256:
-        raise StageError(f"{host}: concurrency {p['concurrency']} is outside 1-256")
+    _check_params(p, host)
     try:
         given = normalize_manifest(p["manifest"])
-    except ValueError as e:
-        raise StageError(f"{host}: bad manifest: {e}") from None
+    except (ValueError, TypeError) as e:
+        raise StageError(host, None, f"bad manifest: {e}", "give manifest as {relative/path: {size: BYTES, "
+                         "sha256: HEX}}") from None
+    err = dest_problem(host, p["dest"])
+    if err:
+        raise err
 
     src = p["src"]
     if src is None:
         source, listing = None, None
         if not given:
-            raise StageError(f"{host}: verify-only staging (no src) needs a manifest")
+            raise StageError(host, p["dest"], "verify-only staging (no src) needs a manifest",
+                             "give src, or the manifest to verify against")
     elif src.startswith("s3://"):
+        try:
+            parse_s3_url(src)
+        except ValueError as e:
+            raise StageError(host, src, str(e), "give src as s3://bucket/prefix (a lower-case bucket name)") from None
         source = S3Source(
             src, p["endpoint_url"], p["region"], p["access_key"], p["secret_key"],
             p["session_token"], p["verify_tls"], p["concurrency"], host,
@@ -629,33 +846,48 @@ def execute(p: dict, check_mode: bool = False, warn=lambda msg: None) -> dict:
         source = HttpSource(src, p["verify_tls"], host)
         names = sorted(given) if given else (p["files"] or [])
         if not names:
-            raise StageError(f"{host}: {src}: an https source needs a manifest or a files list (it cannot be listed)")
+            raise StageError(host, src, "an https source needs a manifest or a files list (it cannot be listed)",
+                             "give manifest or files")
         for n in names:
             if not safe_relpath(n):
-                raise StageError(f"{host}: {n!r} is not a safe relative path")
-        listing = None if given else source.sizes(names)
+                raise StageError(host, n, "is not a safe relative path", "give names relative to the base URL, "
+                                 "without '..' or a leading '/'")
+        # HEAD every file first: a 404 or a size other than the manifest's is refused before any write.
+        listing = source.sizes(names, p["retries"], p["concurrency"], need_size=not given)
     else:
-        raise StageError(f"{host}: unsupported source {src!r}; use s3://bucket/prefix or https://...")
+        raise StageError(host, src, "unsupported source", "use s3://bucket/prefix or https://...")
 
     dest, place, warning = _choose_place(p, host, listing, given)
+    err = place == "fallback" and dest_problem(host, dest)
+    if err:
+        raise err
     recorded = read_recorded(dest)
     expected, errors = merge_expected(listing, given, recorded)
     trusted = recorded if p["verify"] == "quick" else None
     if errors:
-        raise StageError(f"{host}: source {src} disagrees with the manifest: " + "; ".join(errors))
+        raise _disagree(host, src, errors)
 
     if source is None:
-        missing, manifest, changed = verify_only(expected, dest, check_mode, trusted)
-        if not missing and not check_mode:
+        missing, mismatched, manifest = verify_only(expected, dest, trusted)
+        if mismatched and not p["repair"]:
+            raise _mismatch_error(host, mismatched, REPAIR_FIX.replace("from the source", "with the caller's copy"),
+                                  dest=dest, placement=place, missing=missing)
+        changed = False
+        if not missing and not mismatched and not check_mode:
             os.makedirs(dest, exist_ok=True)
-            changed = write_manifest(dest, "copied", manifest) or changed
+            changed = write_manifest(dest, "copied", manifest)
             if p["check_safetensors"]:
                 _check_safetensors(host, dest)
         if warning:
             warn(warning)
-        return {"changed": changed, "dest": dest, "placement": place, "missing": missing, "manifest": manifest}
+        # With repair, the files of other content are listed with the missing ones for the caller
+        # to copy over (rsync --checksum replaces them); nothing is deleted here.
+        return {"changed": changed, "dest": dest, "placement": place,
+                "missing": sorted(missing + [rel for rel, _ in mismatched]),
+                "mismatched": [rel for rel, _ in mismatched], "manifest": manifest}
 
-    results, seconds = stage(source, expected, dest, p["concurrency"], p["retries"], check_mode, trusted)
+    results, seconds = stage(source, expected, dest, p["concurrency"], p["retries"], check_mode, trusted,
+                             repair=p["repair"], host=host)
     counts = {"skipped": 0, "downloaded": 0, "resumed": 0, "refetched": 0}
     moved = 0
     for action, nbytes, _sha in results.values():
@@ -671,6 +903,7 @@ def execute(p: dict, check_mode: bool = False, warn=lambda msg: None) -> dict:
     if warning:
         warn(warning)
     if not check_mode:
+        os.makedirs(dest, exist_ok=True)
         changed = write_manifest(dest, src, manifest) or changed
         if p["check_safetensors"]:
             _check_safetensors(host, dest)
@@ -688,9 +921,19 @@ def execute(p: dict, check_mode: bool = False, warn=lambda msg: None) -> dict:
 
 
 def run_module(module) -> None:
-    """The flashfleet_stage module's body, given its AnsibleModule."""
+    """The flashfleet_stage module's body, given its AnsibleModule. Every failure is fail_json
+    with host, file, problem and fix: an OSError is named by its path, anything else by its type."""
+    p = module.params
+    host = p.get("host_label") or socket.gethostname()
     try:
-        result = execute(module.params, module.check_mode, module.warn)
+        result = execute(p, module.check_mode, module.warn)
     except StageError as e:
         module.fail_json(msg=str(e), **e.result)
+    except OSError as e:
+        err = os_error(host, e, p.get("dest"))
+        module.fail_json(msg=str(err), **err.result)
+    except Exception as e:  # never a traceback: the answer is always the module's JSON
+        err = StageError(host, p.get("dest") or p.get("src"), f"unexpected {type(e).__name__}: {e}",
+                         "re-run with -vvv and report it as a flashfleet_stage bug with this message")
+        module.fail_json(msg=str(err), **err.result)
     module.exit_json(**result)

@@ -34,7 +34,7 @@ class MemSource:
         with self.lock:
             self.requests.append((rel, offset))
             self.sent += len(data)
-        return io.BytesIO(data), served
+        return io.BytesIO(data), served, len(self.files[rel])
 
 
 def expected_for(files, with_sha=True):
@@ -248,7 +248,10 @@ def test_corrupted_file_is_fetched_again(tmp_path, files):
     blob[1234] ^= 0xFF  # same size, one flipped byte
     p.write_bytes(bytes(blob))
     src = MemSource(files)
-    res, _ = fs.stage(src, exp, str(tmp_path), 4, 2)
+    with pytest.raises(fs.StageError, match="shard-03.bin.*differ from the manifest.*repair: true"):
+        fs.stage(src, exp, str(tmp_path), 4, 2)  # without repair: named, left alone, nothing fetched
+    assert src.requests == [] and p.read_bytes() != files["shard-03.bin"]
+    res, _ = fs.stage(src, exp, str(tmp_path), 4, 2, repair=True)
     assert res["shard-03.bin"][0] == "refetched"
     assert counts(res) == {"skipped": len(files) - 1, "refetched": 1}
     assert p.read_bytes() == files["shard-03.bin"]
@@ -283,12 +286,17 @@ def test_server_ignoring_range_restarts_cleanly(tmp_path, files):
     assert (tmp_path / "shard-05.bin").read_bytes() == files["shard-05.bin"]
 
 
-def test_source_that_never_matches_fails_naming_the_file(tmp_path):
+def test_checksum_mismatch_is_not_retried_and_leaves_no_part(tmp_path):
+    """A hash mismatch is deterministic: one request, then a failure naming host, file and fix;
+    the .part is removed (the bytes are still at the source)."""
     files = {"a.bin": b"x" * 1000}
     exp = {"a.bin": {"size": 1000, "sha256": "0" * 64, "etag": None}}
-    with pytest.raises(fs.StageError, match=r"a.bin: still wrong after 2 attempts"):
-        fs.stage(MemSource(files), exp, str(tmp_path), 1, 2)
-    assert not (tmp_path / "a.bin").exists()
+    src = MemSource(files)
+    with pytest.raises(fs.StageError, match=r"^gpu01: a.bin: the downloaded bytes do not match .*not retried.*Fix: ") as err:
+        fs.stage(src, exp, str(tmp_path), 1, 3, host="gpu01")
+    assert src.requests == [("a.bin", 0)]
+    assert err.value.result["host"] == "gpu01" and err.value.result["file"] == "a.bin" and err.value.result["fix"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def _recorded_after(res, files, root):
@@ -311,7 +319,7 @@ def test_quick_verify_hashes_only_files_touched_since_their_last_verification(tm
     p = tmp_path / "shard-02.bin"
     p.write_bytes(b"\0" * len(files["shard-02.bin"]))
     os.utime(p, ns=(recorded["shard-02.bin"]["mtime_ns"] + 10**9,) * 2)
-    res, _ = fs.stage(MemSource(files), exp, str(tmp_path), 4, 2, recorded=recorded)
+    res, _ = fs.stage(MemSource(files), exp, str(tmp_path), 4, 2, recorded=recorded, repair=True)
     assert res["shard-02.bin"][0] == "refetched" and hashed == ["shard-02.bin"]
     assert p.read_bytes() == files["shard-02.bin"]
 
@@ -328,7 +336,7 @@ def test_full_verify_catches_what_quick_verify_cannot(tmp_path, files):
     os.utime(p, ns=(recorded["shard-03.bin"]["mtime_ns"],) * 2)
     quick, _ = fs.stage(MemSource(files), exp, str(tmp_path), 4, 2, recorded=recorded)
     assert quick["shard-03.bin"][0] == "skipped"
-    full, _ = fs.stage(MemSource(files), exp, str(tmp_path), 4, 2)
+    full, _ = fs.stage(MemSource(files), exp, str(tmp_path), 4, 2, repair=True)
     assert full["shard-03.bin"][0] == "refetched" and p.read_bytes() == files["shard-03.bin"]
 
 
@@ -340,23 +348,25 @@ def test_quick_verify_never_trusts_a_record_of_other_content(tmp_path):
     assert not fs.still_verified(str(tmp_path / "f"), rec["f"], "b" * 64)  # the manifest wants other bytes
     assert not fs.still_verified(str(tmp_path / "f"), rec["f"], None)  # the source changed (no hash known)
     assert not fs.still_verified(str(tmp_path / "f"), {**rec["f"], "mtime_ns": None}, "a" * 64)  # old record
-    missing, manifest, _ = fs.verify_only({"f": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}},
-                                          str(tmp_path), recorded=rec)
+    missing, _bad, manifest = fs.verify_only({"f": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}},
+                                             str(tmp_path), recorded=rec)
     assert missing == [] and manifest["f"]["sha256"] == hashlib.sha256(data).hexdigest()  # hashed, not trusted
 
 
-def test_verify_only_deletes_corrupt_and_lists_missing(tmp_path):
+def test_verify_only_lists_missing_and_mismatched_and_deletes_nothing(tmp_path):
     good, bad = b"good data", b"bad data!"
     (tmp_path / "good").write_bytes(good)
     (tmp_path / "bad").write_bytes(bad)
+    (tmp_path / "long").write_bytes(b"12345")
     exp = {
         "good": {"size": len(good), "sha256": hashlib.sha256(good).hexdigest()},
         "bad": {"size": len(bad), "sha256": hashlib.sha256(b"other!!!!").hexdigest()},
+        "long": {"size": 2, "sha256": None},
         "absent": {"size": 1, "sha256": None},
     }
-    missing, manifest, changed = fs.verify_only(exp, str(tmp_path))
-    assert missing == ["absent", "bad"] and changed
-    assert list(manifest) == ["good"] and not (tmp_path / "bad").exists()
+    missing, mismatched, manifest = fs.verify_only(exp, str(tmp_path))
+    assert missing == ["absent"] and [rel for rel, _ in mismatched] == ["bad", "long"]
+    assert list(manifest) == ["good"] and (tmp_path / "bad").read_bytes() == bad
 
 
 def test_local_manifest_skips_state_files(tmp_path):
@@ -374,7 +384,8 @@ def _params(**kw):
     base = dict(src=None, dest=None, fallback_dest=None, fallback_policy="warn", free_margin_ratio=0.1,
                 free_margin_bytes=0, manifest=None, files=None, concurrency=8, endpoint_url=None,
                 region="us-east-1", access_key=None, secret_key=None, session_token=None, verify_tls=True,
-                retries=3, check_safetensors=False, host_label="gpu01", mode="stage", verify="quick")
+                retries=3, check_safetensors=False, host_label="gpu01", mode="stage", verify="quick",
+                repair=False)
     return base | kw
 
 
@@ -430,9 +441,9 @@ def test_a_staged_model_with_a_broken_shard_fails_naming_it(tmp_path):
     (dest / "model.safetensors").write_bytes(blob)
     p = _params(dest=str(dest), check_safetensors=True,
                 manifest={"model.safetensors": {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}})
-    with pytest.raises(fs.StageError, match=r"safetensors check failed in .*model.safetensors: .*Fix:") as err:
+    with pytest.raises(fs.StageError, match=r"m: safetensors check failed: model.safetensors: .*Fix:") as err:
         fs.execute(p)
-    assert err.value.result == {"dest": str(dest)}
+    assert err.value.result["dest"] == str(dest) and err.value.result["host"] == "gpu01"
 
 
 @pytest.mark.parametrize("p, needle", [
@@ -441,7 +452,7 @@ def test_a_staged_model_with_a_broken_shard_fails_naming_it(tmp_path):
     ({"dest": "/x", "concurrency": 0}, "concurrency 0 is outside 1-256"),
     ({"dest": "/x", "manifest": {"../a": {"size": 1}}}, "bad manifest"),
     ({"dest": "/x"}, "verify-only staging (no src) needs a manifest"),
-    ({"dest": "/x", "src": "ftp://a/b"}, "unsupported source 'ftp://a/b'"),
+    ({"dest": "/x", "src": "ftp://a/b"}, "ftp://a/b: unsupported source"),
     ({"dest": "/x", "src": "https://h/base/"}, "an https source needs a manifest or a files list"),
 ])
 def test_bad_options_fail_with_a_message(p, needle):

@@ -21,7 +21,13 @@ description:
   - With I(fallback_dest), chooses I(dest) only when its file system has room for the files plus a
     margin, else I(fallback_dest) with a warning (or a failure with I(fallback_policy=fail)).
   - With I(src) omitted, only verifies I(dest) against I(manifest) (and places, see I(fallback_dest));
-    files that fail are deleted and listed in C(missing), for a caller that copies them (rsync).
+    absent or short files are listed in C(missing), for a caller that copies them (rsync). Nothing is
+    deleted; a file of other content fails the task unless I(repair=true) (then it is listed too).
+  - Everything is checked before anything is written (options, that I(dest) is writable, the
+    source's sizes against I(manifest)); a refused run creates nothing. Every failure is a JSON
+    result with C(host), C(file), C(problem) and C(fix), never a traceback.
+  - Only transient network errors are retried (I(retries)); a size or checksum mismatch fails at
+    once and its partial file is removed.
   - With I(mode=manifest), only computes the manifest of the local directory I(src).
   - With I(verify=quick) (default), a file whose size and mtime match the record of its last
     verification in C(.flashfleet-manifest.json) is not hashed again; I(verify=full) hashes all.
@@ -88,9 +94,16 @@ options:
     type: bool
     default: true
   retries:
-    description: Attempts per file before the module fails.
+    description: Attempts per file on transient network errors (timeouts, resets, 5xx); a mismatch is never retried.
     type: int
     default: 3
+  repair:
+    description:
+      - Replace a staged file whose content differs from the manifest (from the source; without
+        I(src), list it in C(missing) for the caller's copy). Without it such a file fails the
+        task, named, and is left as it is.
+    type: bool
+    default: false
   check_safetensors:
     description: Parse every *.safetensors header and check the shards against the index.
     type: bool
@@ -131,8 +144,23 @@ manifest:
   description: 'The manifest, C({path: {size, sha256}}).'
   type: dict
 missing:
-  description: Verify-only mode, files absent or corrupt (deleted) in the destination.
+  description: Verify-only mode, files to copy (absent, short, or with I(repair) of other content).
   type: list
+mismatched:
+  description: Verify-only mode, files of other content than the manifest (only with I(repair); else a failure).
+  type: list
+host:
+  description: On failure, the host (I(host_label)).
+  type: str
+file:
+  description: On failure, the file, directory or source URL concerned.
+  type: str
+problem:
+  description: On failure, what is wrong.
+  type: str
+fix:
+  description: On failure, what to do about it.
+  type: str
 """
 
 EXAMPLES = r"""
@@ -181,6 +209,7 @@ def main():
             session_token=dict(type="str", no_log=True),
             verify_tls=dict(type="bool", default=True),
             retries=dict(type="int", default=3),
+            repair=dict(type="bool", default=False),
             check_safetensors=dict(type="bool", default=False),
             host_label=dict(type="str"),
             mode=dict(type="str", choices=["stage", "manifest"], default="stage"),

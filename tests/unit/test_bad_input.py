@@ -7,6 +7,7 @@ it) is exactly as it was. The NaN case runs the tiny target and asserts the last
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 from flashfleet.contract import messages
@@ -216,3 +217,267 @@ def test_report_refuses_empty_or_non_run_dir_and_survives_non_utf8_metrics(tmp_p
     assert report.main([str(tmp_path / "run")]) == 0
     assert re.search(r"report\.html$", capsys.readouterr().out.strip())
     assert (tmp_path / "run" / "report.html").is_file()
+
+
+# ---- what --check reads before the target loads (and a real start refuses the same way) --------
+
+@pytest.fixture
+def no_target_load(monkeypatch):
+    """Any load of the target fails the test: every refusal below must come before it."""
+    from flashfleet_trainer import model
+
+    def load(*_a, **_k):
+        raise AssertionError("the target was loaded before the refusal")
+
+    monkeypatch.setattr(model.HiddenStateProducer, "__init__", load)
+    monkeypatch.setattr(model, "load_frozen_io", load)
+
+
+def _both_refuse(argv, capsys, roots, says):
+    """--check and a real start (same preflight) refuse ARGV: one line saying `says`, exit 78,
+    nothing under any of ROOTS changed (no file, no directory, no status.json), no target load."""
+    before = {str(r): _tree(r) for r in roots}
+    for extra in (["--check"], []):
+        rc = main([*argv, *extra])
+        cap = capsys.readouterr()
+        err = cap.err.strip().splitlines()
+        assert rc == EX_CONFIG, (extra, cap.out, cap.err)
+        assert len(err) == 1 and messages.CONFIG_ERROR_RE.fullmatch(err[0]) and "(fix: " in err[0], err
+        assert says in err[0], err[0]
+        assert "check: ok" not in cap.out and "Traceback" not in cap.err
+        assert {str(r): _tree(r) for r in roots} == before, extra
+    return err[0]
+
+
+@pytest.fixture
+def model_copy(trainer_tiny, tmp_path):
+    import shutil
+
+    return Path(shutil.copytree(trainer_tiny / "model", tmp_path / "model"))
+
+
+@pytest.fixture
+def previous_run(tmp_path):
+    """An output dir holding the evidence of an earlier run's death: a refused start keeps it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "status.json").write_text(json.dumps({"phase": "failed", "step": 7, "last_error": "the last death"}))
+    (out / "metrics.jsonl").write_text('{"step": 7, "loss": 1.0}\n')
+    return out
+
+
+def test_truncated_target_shard(trainer_argv, model_copy, previous_run, trainer_tiny, capsys, no_target_load):
+    shard = sorted(model_copy.glob("*.safetensors"))[0]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 10)  # a copy that stopped early
+    argv = trainer_argv(out=previous_run)
+    argv[argv.index("--target-model") + 1] = str(model_copy)
+    line = _both_refuse(argv, capsys, [model_copy, trainer_tiny / "data", previous_run], f"shard {shard.name}: ")
+    assert "re-stage the model" in line
+
+
+def _data(tmp_path, rows, masks=None, stats=True):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "data"
+    d.mkdir()
+    cols = {"input_ids": pa.array(rows, pa.list_(pa.int32()))}
+    if masks is not None:
+        cols["loss_mask"] = pa.array(masks, pa.list_(pa.int8()))
+    pq.write_table(pa.table(cols), d / "train-00000.parquet", write_statistics=stats)
+    return d
+
+
+def _with_data(argv, d):
+    argv = list(argv)
+    argv[argv.index("--data-dir") + 1] = str(d)
+    return argv
+
+
+@pytest.mark.parametrize("stats", [True, False], ids=["statistics", "read"])
+def test_token_id_at_or_above_vocab(trainer_argv, trainer_tiny, previous_run, tmp_path, capsys, no_target_load, stats):
+    rows = [list(range(10)), [1, 2, 128, 3]]  # the tiny target's vocab is 128
+    d = _data(tmp_path, rows, [[1] * 10, [1] * 4], stats=stats)
+    line = _both_refuse(_with_data(trainer_argv(out=previous_run), d), capsys,
+                        [trainer_tiny / "model", d, previous_run], "token id 128 outside the target's vocab of 128")
+    assert ("(Parquet column statistics of row group 0)" in line) if stats else ("row 1: token id 128" in line
+                                                                                 and "(read)" in line)
+    assert "tokenize with the target model's tokenizer" in line
+
+
+def test_negative_token_id(trainer_argv, trainer_tiny, previous_run, tmp_path, capsys, no_target_load):
+    d = _data(tmp_path, [[1, 2, 3], [4, -1, 5]], stats=False)
+    _both_refuse(_with_data(trainer_argv(out=previous_run), d), capsys, [trainer_tiny / "model", d, previous_run],
+                 "row 1: token id -1 outside the target's vocab of 128 (read)")
+
+
+@pytest.mark.parametrize(("mask", "says"), [([1, 1, 1], "row 1: loss_mask has 3 entries, input_ids 4"),
+                                            (None, "row 1: loss_mask has no value entries, input_ids 4")])
+def test_loss_mask_length_differs(trainer_argv, trainer_tiny, previous_run, tmp_path, capsys, no_target_load,
+                                  mask, says):
+    d = _data(tmp_path, [[1, 2, 3, 4, 5], [1, 2, 3, 4]], [[0, 0, 1, 1, 1], mask])
+    line = _both_refuse(_with_data(trainer_argv(out=previous_run), d), capsys,
+                        [trainer_tiny / "model", d, previous_run], says)
+    assert "write one loss_mask entry per token" in line
+
+
+def test_data_check_says_how_it_checked(trainer_argv, trainer_tiny, tmp_path, capsys, monkeypatch):
+    """Statistics answer the token range; loss_mask lengths are read, within a budget it names."""
+    from flashfleet_trainer import preflight
+
+    assert main(trainer_argv("--check")) == 0
+    out = capsys.readouterr().out
+    assert "token ids" in out and "< vocab 128 (Parquet column statistics)" in out
+    assert "full scan of loss_mask lengths: all 48 rows" in out
+    monkeypatch.setattr(preflight, "SCAN_BUDGET_TOKENS", 1)
+    d = _data(tmp_path, [[1, 2, 3]] * 5, [[1, 1, 1]] * 5, stats=False)
+    import pyarrow.parquet as pq
+
+    pq.write_table(pq.read_table(d / "train-00000.parquet"), d / "train-00000.parquet", row_group_size=1,
+                   write_statistics=False)
+    assert main(_with_data(trainer_argv("--check"), d)) == 0
+    out = capsys.readouterr().out
+    assert "(read from the data)" in out and "bounded scan of loss_mask lengths and ids: 1 of 5 rows read" in out
+
+
+def test_wandb_without_credentials_is_refused_before_anything_is_written(trainer_argv, trainer_tiny, previous_run,
+                                                                           tmp_path, capsys, monkeypatch,
+                                                                           no_target_load):
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED", "WANDB_BASE_URL", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine example.org login u password p\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    argv = trainer_argv("--wandb-project", "dflash", out=previous_run)
+    line = _both_refuse(argv, capsys, [trainer_tiny / "model", trainer_tiny / "data", previous_run],
+                        "--wandb-project dflash: no wandb credentials (no $WANDB_API_KEY, no api.wandb.ai entry in")
+    assert "WANDB_MODE=offline" in line and not list(previous_run.glob("wandb*"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert main([*argv, "--check"]) == 0
+    assert "wandb mode offline: no credentials needed" in capsys.readouterr().out
+    monkeypatch.delenv("WANDB_MODE")
+    netrc.write_text("machine api.wandb.ai login user password k3y\n")
+    assert main([*argv, "--check"]) == 0
+    assert f"wandb credentials: {netrc} entry for api.wandb.ai" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("targets", "drafters", "shared"), [("0,1", "1", "1"), ("0", "0,1", "0"),
+                                                             ("0,1,2", "2,1", "2,1")])
+def test_target_and_drafter_gpus_overlap(trainer_argv, trainer_tiny, previous_run, capsys, no_target_load,
+                                         targets, drafters, shared):
+    argv = trainer_argv(out=previous_run)
+    argv[argv.index("--target-gpus") + 1], argv[argv.index("--drafter-gpus") + 1] = targets, drafters
+    line = _both_refuse(argv, capsys, [trainer_tiny / "model", trainer_tiny / "data", previous_run],
+                        f"--drafter-gpus {drafters} overlaps --target-gpus {targets} on GPU(s) {shared}")
+    assert "GPUs of their own" in line
+
+
+# ---- checkpoints in the output dir -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(trainer_tiny, tmp_path_factory):
+    """A run of 2 steps with a checkpoint at each (the module's tests copy it)."""
+    from flashfleet_trainer.config import parse_args
+    from flashfleet_trainer.launch import run
+
+    out = tmp_path_factory.mktemp("trained") / "run"
+    argv = ["--target-model", str(trainer_tiny / "model"), "--data-dir", str(trainer_tiny / "data"),
+            "--output-dir", str(out), "--target-gpus", "cpu", "--drafter-gpus", "cpu", "--block-size", "4",
+            "--num-draft-layers", "1", "--token-budget", "256", "--max-seq-len", "32", "--max-batch-size", "8",
+            "--max-anchors", "16", "--lr", "1e-3", "--eval-num-prompts", "0", "--max-steps", "2",
+            "--save-interval", "1"]
+    assert run(parse_args(argv), log=lambda s: None) == 0
+    return out
+
+
+@pytest.fixture
+def run_copy(trained, tmp_path):
+    import shutil
+
+    return Path(shutil.copytree(trained, tmp_path / "run"))
+
+
+def test_resume_path_without_marker_is_refused(trainer_argv, trainer_tiny, run_copy, capsys, no_target_load):
+    from flashfleet.contract import checkpoint as contract
+
+    step2 = run_copy / "checkpoints" / "step-00000002"
+    (step2 / contract.MARKER).unlink()  # the save was killed before its last write
+    line = _both_refuse(trainer_argv("--resume", str(step2), out=run_copy), capsys,
+                        [trainer_tiny / "model", trainer_tiny / "data", run_copy],
+                        f"--resume {step2} is not a complete checkpoint (no COMPLETE marker")
+    assert "--resume auto" in line
+
+
+def test_resume_path_with_truncated_weights_is_refused(trainer_argv, trainer_tiny, run_copy, capsys, no_target_load):
+    step1 = run_copy / "checkpoints" / "step-00000001"
+    w = step1 / "drafter.safetensors"
+    with open(w, "r+b") as f:
+        f.truncate(w.stat().st_size - 4)
+    _both_refuse(trainer_argv("--resume", str(step1), out=run_copy), capsys,
+                 [trainer_tiny / "model", trainer_tiny / "data", run_copy],
+                 f"--resume {step1} is not a complete checkpoint (drafter.safetensors: ")
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--num-draft-layers", "2"], "has a different drafter (num_hidden_layers 1 there, 2 here"),
+    (["--block-size", "8"], "block_size 4 there, 8 here"),
+    (["--drafter-intermediate-size", "32"], "intermediate_size"),
+    (["--grad-accum", "2"], "was trained with 1 micro-batches per optimizer step (--grad-accum 1 x 1 drafter rank(s)), "
+                            "this run takes 2"),
+])
+def test_resume_into_another_drafter_or_step_size_is_refused(trainer_argv, trainer_tiny, run_copy, capsys,
+                                                             no_target_load, extra, says):
+    _both_refuse(trainer_argv(*extra, out=run_copy), capsys, [trainer_tiny / "model", trainer_tiny / "data", run_copy],
+                 says)
+
+
+def test_check_names_the_resume_point_and_a_corrupt_newest_is_moved_aside_at_start(trainer_argv, run_copy, capsys):
+    """--check names what a start will do (and changes nothing); the start moves the corrupt newest
+    aside with a warning line, resumes from the one before, and keeps the bad one's bytes."""
+    from flashfleet.contract import checkpoint as contract
+
+    ck = run_copy / "checkpoints"
+    argv = trainer_argv("--max-steps", "3", "--save-interval", "1", out=run_copy)
+    assert main([*argv, "--check"]) == 0
+    assert f"checkpoints: resumes from {ck / 'step-00000002'} (step 2; verified" in capsys.readouterr().out
+    w = ck / "step-00000002" / "drafter.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 0xFF
+    w.write_bytes(bytes(data))
+    before = _tree(run_copy)
+    assert main([*argv, "--check"]) == 0
+    out = capsys.readouterr().out
+    assert f"WARNING checkpoint {ck / 'step-00000002'} is not complete (drafter.safetensors: sha256 differs" in out
+    assert "moves it aside to step-00000002.corrupt-1" in out
+    assert f"resumes from {ck / 'step-00000001'} (step 1" in out
+    assert _tree(run_copy) == before
+    assert main(argv) == 0
+    cap = capsys.readouterr()
+    warn = [x for x in cap.err.splitlines() if x.startswith(messages.WARNING_PREFIX)]
+    assert len(warn) == 1 and "step-00000002" in warn[0] and "moved aside to step-00000002.corrupt-1" in warn[0]
+    assert f"resumed from {ck / 'step-00000001'}" in cap.out
+    assert (ck / "step-00000002.corrupt-1" / "drafter.safetensors").read_bytes() == bytes(data)
+    assert contract.quarantined(ck) == ["step-00000002.corrupt-1"]
+    assert [p.name for p in complete_checkpoints(ck)] == ["step-00000001", "step-00000002", "step-00000003"]
+
+
+def test_kill_mid_prune_is_cleaned_at_the_next_start(trainer_argv, run_copy, capsys):
+    """What a kill during pruning leaves (the renamed old checkpoint, half deleted, of a dead pid)
+    is removed by the next start, which resumes from the newest and prunes atomically."""
+    import os
+    import subprocess
+    import sys
+
+    from flashfleet.contract import checkpoint as contract
+
+    ck = run_copy / "checkpoints"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    trash = ck / contract.trash_dir_name(1, dead.pid)
+    os.rename(ck / "step-00000001", trash)
+    (trash / "drafter.safetensors").unlink()
+    assert main(trainer_argv("--max-steps", "4", "--save-interval", "1", "--keep-checkpoints", "2", out=run_copy)) == 0
+    cap = capsys.readouterr()
+    assert f"removed {trash}" in cap.out and f"resumed from {ck / 'step-00000002'}" in cap.out
+    assert sorted(p.name for p in ck.iterdir()) == ["step-00000003", "step-00000004"]

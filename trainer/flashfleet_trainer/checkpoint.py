@@ -2,20 +2,32 @@
 is the run's contract, owned by `flashfleet.contract.checkpoint`, which diagnose reads too;
 this file adds only what needs torch: writing the payload and loading it back.
 
-A save writes everything into `.tmp-step-<n>-<pid>/`, fsyncs each file, writes the manifest
-LAST, fsyncs the directory, renames it to `step-<n>/` and fsyncs the parent. A process killed
-at any point leaves either the old set of complete checkpoints or the old set plus the new one,
-never a half-written directory under a `step-*` name. Readers still trust only directories that
-verify (a disk can lie), so `--resume auto` can never pick a broken one.
+A save writes everything into `.tmp-step-<n>-<pid>/`, fsyncs each file, writes the manifest,
+fsyncs the directory, writes the completion marker LAST (fsynced, directory fsynced again),
+renames it to `step-<n>/` and fsyncs the parent. A process killed at any point leaves either the
+old set of complete checkpoints or the old set plus the new one, never a half-written directory
+under a `step-*` name. Readers still trust only directories that verify (a disk can lie), so
+`--resume auto` can never pick a broken one.
+
+Nothing is deleted in place: pruning (and replacing a re-saved step) first renames the old
+directory to `.trash-step-<n>-<pid>/`, then deletes it; a kill in the middle leaves the trash
+name, which `prepare` removes at the next start. A step directory newer than the newest one that
+verifies is not deleted either: `prepare` names it in a warning line and moves it aside to
+`step-<n>.corrupt-<k>/`, so a re-save of that step cannot destroy the evidence.
+
+trainer_state.pt holds only tensors, numbers, strings, lists and dicts, and is loaded with
+`torch.load(weights_only=True)`: no pickled code runs on resume.
 """
 
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 from flashfleet.contract import checkpoint as contract
+from flashfleet.contract import messages
 from flashfleet.contract.files import fsync_dir, fsync_file
 from safetensors.torch import load_file, save_file
 
@@ -44,14 +56,28 @@ def save_checkpoint(root: Path, step: int, weights: dict, config: dict, trainer_
         fsync_file(tmp / name)
     if _before_manifest is not None:
         _before_manifest(tmp)
-    contract.write_manifest(tmp, step)
-    fsync_dir(tmp)
+    contract.write_manifest(tmp, step)  # manifest, fsync, the marker last, fsync
+    replaced = None
     if final.exists():  # a re-save of the same step (e.g. resumed, then stopped at once)
-        shutil.rmtree(final)
+        problems = contract.verify(final, check_hashes=False)
+        if problems:  # evidence: moved aside, never deleted
+            aside = root / contract.quarantine_name(root, step)
+            os.rename(final, aside)
+            _warn(f"checkpoint {final} is not complete ({'; '.join(problems)}): moved aside to {aside.name} "
+                  f"before saving step {step} again")
+        else:  # the same step, complete: replaced, the old one deleted only once the new one is in place
+            replaced = root / contract.trash_dir_name(step, os.getpid())
+            os.rename(final, replaced)
     os.rename(tmp, final)
     fsync_dir(root)
+    if replaced is not None:
+        shutil.rmtree(replaced)
     prune(root, keep)
     return final
+
+
+def _warn(text: str) -> None:
+    print(messages.warning(text), file=sys.stderr, flush=True)
 
 
 def is_complete(path: Path, check_hashes: bool = True) -> bool:
@@ -71,14 +97,89 @@ def newest_complete(root: Path) -> Path | None:
 
 
 def prune(root: Path, keep: int) -> None:
-    """Keep the newest `keep` complete checkpoints. Incomplete directories are left alone for a
-    human to look at, except temp dirs of processes that no longer exist (dead saves)."""
+    """Keep the newest `keep` complete checkpoints: each older one is renamed to a trash name
+    first (atomic), then deleted, so a kill mid-delete leaves no half-deleted `step-*`. Incomplete
+    directories are left alone for a human to look at; leftovers of dead processes go."""
     if keep > 0:
         for old in complete_checkpoints(root)[:-keep]:
-            shutil.rmtree(old)
-    for entry in contract.scan(root):
-        if entry["in_progress"] and entry["pid"] != os.getpid() and not _pid_alive(entry["pid"]):
-            shutil.rmtree(entry["path"], ignore_errors=True)
+            trash = old.parent / contract.trash_dir_name(contract.step_of(old.name), os.getpid())
+            os.rename(old, trash)
+            fsync_dir(old.parent)
+            shutil.rmtree(trash)
+    clean_leftovers(root)
+
+
+def clean_leftovers(root: Path) -> list[str]:
+    """Delete temp dirs of dead saves and trash dirs of dead prunes (never a `step-*` name, never
+    a quarantined one). Returns the names removed."""
+    removed = []
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        pid = contract.temp_pid(name) or contract.trash_pid(name)
+        if pid is not None and pid != os.getpid() and not _pid_alive(pid) and (Path(root) / name).is_dir():
+            shutil.rmtree(Path(root) / name, ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def broken_newest(root: Path) -> tuple[list[dict], Path | None]:
+    """([scan entries of the step directories newer than the newest complete one], that one):
+    what `prepare` moves aside and what the run then resumes from."""
+    good = newest_complete(root)
+    step = -1 if good is None else contract.step_of(good.name)
+    bad = [c for c in contract.scan(root) if not c["in_progress"] and c["step"] > step]
+    for c in bad:
+        c["problems"] = contract.verify(c["path"], check_hashes=True) or c["problems"]
+    return bad, good
+
+
+def prepare(root: Path, log=print) -> list[Path]:
+    """At a start that passed preflight (never at --check): clean leftovers of dead saves and
+    prunes, and move every step directory newer than the newest complete one aside, loudly.
+    Returns the quarantined paths."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    for name in clean_leftovers(root):
+        log(f"removed {root / name} (left by a save or prune that was killed)")
+    bad, good = broken_newest(root)
+    moved = []
+    for c in bad:
+        dest = root / contract.quarantine_name(root, c["step"])
+        os.rename(c["path"], dest)
+        fsync_dir(root)
+        _warn(f"checkpoint {c['path']} is not complete ({'; '.join(c['problems'])}): moved aside to "
+              f"{dest.name}, resuming from {good.name if good else 'scratch (no complete checkpoint)'}")
+        moved.append(dest)
+    return moved
+
+
+def drafter_differences(mine: dict, theirs: dict) -> list[str]:
+    """Fields of two drafter configs (DrafterConfig.to_dict) that change what the weights mean,
+    not only their shapes (a sliding layer and a full one hold tensors of the same shape)."""
+    return [k for k in ("hidden_size", "num_hidden_layers", "target_layer_ids", "block_size", "vocab_size",
+                        "layer_types", "sliding_window", "num_attention_heads", "num_key_value_heads", "head_dim",
+                        "intermediate_size", "mask_token_id")
+            if theirs.get(k) != mine.get(k)]
+
+
+def restore_cuda_rng(states) -> int:
+    """Restore the saved per-device CUDA RNG states where CUDA is present (as many devices as both
+    the checkpoint and this process have); returns how many were restored."""
+    if not states or not torch.cuda.is_available():
+        return 0
+    n = min(len(states), torch.cuda.device_count())
+    for i in range(n):
+        torch.cuda.set_rng_state(states[i], device=i)
+    return n
+
+
+def load_state(path: Path) -> dict:
+    """trainer_state.pt, memory-mapped (preflight reads a few numbers of it, not the optimizer)."""
+    return torch.load(Path(path) / STATE, map_location="cpu", weights_only=True, mmap=True)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -99,5 +200,5 @@ def load_checkpoint(path: Path, map_location="cpu") -> tuple[dict, dict, dict]:
         raise ValueError(f"{path} is not a complete checkpoint: {'; '.join(problems)}")
     weights = load_file(str(path / WEIGHTS), device=str(map_location))
     config = json.loads((path / CONFIG).read_text())
-    state = torch.load(path / STATE, map_location=map_location, weights_only=False)
+    state = torch.load(path / STATE, map_location=map_location, weights_only=True)
     return weights, config, state

@@ -9,6 +9,9 @@
 
 from pathlib import Path
 
+from flashfleet.contract.layout import CHECKPOINTS
+
+from .checkpoint import prepare as prepare_checkpoints
 from .planner import run_plan
 from .preflight import preflight
 from .topology import supervise
@@ -25,7 +28,8 @@ def run(args, log=print, on_step=None) -> int:
         return 0
     if args.plan:
         return run_plan(args, plan, log)
-    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)  # the start is known good: writes begin here
+    prepare_checkpoints(Path(args.output_dir) / CHECKPOINTS, log)  # leftovers cleaned, broken newest moved aside
     if plan.in_process(args):
         run_rank(args, plan, log, on_step)
         return 0

@@ -5,17 +5,26 @@ same one-line ConfigError (exit 78) whether `--check` finds it on the controller
 finds it on the host. It loads no weights: config.json (a composite config through its
 text_config; `model.SUPPORTED_TARGETS`), the safetensors index and the headers of the shards a
 replica would load (never their data; a wrapped checkpoint's vision shards are not even opened),
-the data's schema, devices, free memory, the linear-attention path of a hybrid target, the
-drafter's shape, wandb's settings, the loss implementation and the output directory.
+the data's schema and values (token ids below the vocabulary, loss_mask lengths: from Parquet
+column statistics where every row group has them, else a bounded scan), devices against each
+other, free memory, the linear-attention path of a hybrid target, the drafter's shape, wandb's
+settings and credentials, the loss implementation, the output directory and its checkpoints (the
+newest verified in full, its drafter and micro-batches per step against this run's, an explicit
+`--resume` path). It writes nothing: a refused start leaves every path as it was.
 """
 
 import json
+import netrc
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
+from flashfleet.contract import checkpoint as ckpt_contract
+from flashfleet.contract.layout import CHECKPOINTS
 
+from . import checkpoint as ckpt
 from . import wandb_compat
 from .config import ConfigError, parse_devices
 from .data import check_schema
@@ -183,6 +192,189 @@ def check_linear_attention(text_cfg, target_devices, allow_slow: bool) -> str:
             f"{conv_s}" + (" (allowed by --allow-slow-linear-attention)" if gpu and rule == "torch" else ""))
 
 
+# At most this many tokens are read when Parquet statistics cannot answer (about a second per
+# 10M tokens here); the rest of a larger data set is checked when the run loads it.
+SCAN_BUDGET_TOKENS = 1 << 26
+
+
+def _ids_leaf(meta) -> int | None:
+    """Index of the `input_ids` list's element column in a Parquet file's metadata."""
+    for i in range(meta.num_columns):
+        if meta.schema.column(i).path.split(".")[0] == "input_ids":
+            return i
+    return None
+
+
+def check_data_values(files, vocab: int, budget_tokens: int | None = None) -> str:
+    """Token ids in [0, vocab) and one loss_mask entry per token, before the target loads.
+    Token range: the Parquet column statistics when every row group of a file has them, otherwise
+    read. loss_mask lengths have no statistics: read, row group by row group, until
+    budget_tokens were read (then the summary says how far it got). Raises ConfigError."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    budget = SCAN_BUDGET_TOKENS if budget_tokens is None else budget_tokens
+    fix_ids = "tokenize with the target model's tokenizer (the data and --target-model do not belong together)"
+    by_stats, read_rows, total_rows, read_tokens, cut = [], 0, 0, 0, False
+    lo = hi = None
+    for f in files:
+        pf = pq.ParquetFile(f)
+        meta = pf.metadata
+        total_rows += meta.num_rows
+        leaf = _ids_leaf(meta)
+        stats = [meta.row_group(g).column(leaf).statistics for g in range(meta.num_row_groups)]
+        if all(st is not None and st.has_min_max for st in stats):
+            by_stats.append(f)
+            for g, st in enumerate(stats):
+                if meta.row_group(g).num_rows and (st.min < 0 or st.max >= vocab):
+                    bad = st.max if st.max >= vocab else st.min
+                    raise ConfigError(f"{f}: token id {bad} outside the target's vocab of {vocab} (Parquet column "
+                                      f"statistics of row group {g})", fix_ids)
+                if meta.row_group(g).num_rows:
+                    lo = st.min if lo is None else min(lo, st.min)
+                    hi = st.max if hi is None else max(hi, st.max)
+        has_mask = "loss_mask" in pf.schema_arrow.names
+        if f in by_stats and not has_mask:
+            continue  # nothing left to read in this file
+        first = 0
+        for g in range(meta.num_row_groups):
+            if read_tokens >= budget:
+                cut = True
+                break
+            t = pf.read_row_group(g, columns=["input_ids", "loss_mask"] if has_mask else ["input_ids"])
+            ids = t.column("input_ids").combine_chunks()
+            n_ids = pc.fill_null(pc.list_value_length(ids), 0)
+            if has_mask:
+                lm = t.column("loss_mask").combine_chunks()
+                n_lm = pc.list_value_length(lm)
+                wrong = pc.fill_null(pc.not_equal(n_ids, n_lm), True)
+                if pc.any(wrong).as_py():
+                    r = pc.index(wrong, True).as_py()
+                    got = n_lm[r].as_py()
+                    raise ConfigError(f"{f} row {first + r}: loss_mask has {'no value' if got is None else got} "
+                                      f"entries, input_ids {n_ids[r].as_py()}", "write one loss_mask entry per token")
+            if f not in by_stats:
+                flat = pc.list_flatten(ids)
+                if len(flat):
+                    out_of_range = pc.or_(pc.less(flat, 0), pc.greater_equal(flat, vocab))
+                    if pc.any(out_of_range).as_py():
+                        k = pc.index(out_of_range, True).as_py()
+                        row = pc.list_parent_indices(ids)[k].as_py()
+                        raise ConfigError(f"{f} row {first + row}: token id {flat[k].as_py()} outside the target's "
+                                          f"vocab of {vocab} (read)", fix_ids)
+                    mm = pc.min_max(flat)
+                    lo = mm["min"].as_py() if lo is None else min(lo, mm["min"].as_py())
+                    hi = mm["max"].as_py() if hi is None else max(hi, mm["max"].as_py())
+            read_tokens += pc.sum(n_ids).as_py() or 0
+            read_rows += t.num_rows
+            first += t.num_rows
+    src = ("Parquet column statistics" if len(by_stats) == len(files) else
+           "read from the data" if not by_stats else f"Parquet column statistics of {len(by_stats)} of "
+           f"{len(files)} file(s), the others read")
+    how = f"token ids {lo}..{hi} < vocab {vocab} ({src})"
+    if cut:
+        return how + (f"; bounded scan of loss_mask lengths and ids: {read_rows} of {total_rows} rows read "
+                      f"({read_tokens} tokens, budget {budget}), the rest is checked when the run loads the data")
+    return how + (f"; full scan of loss_mask lengths: all {read_rows} rows" if read_rows else "; no loss_mask column")
+
+
+def check_devices(args, target_devices, drafter_devices) -> None:
+    """Target and drafter devices against each other: what the trainer can run. A GPU may hold both
+    a target and a drafter only in the in-process layout (one node, one target and one drafter on
+    that one device, called in-line). Any other overlap would put a target worker and a drafter
+    rank on one GPU as two processes with a CUDA context and a share of memory each, which the
+    topology does not do: refused."""
+    if args.nnodes > 1 and "cpu" in drafter_devices and "cpu" not in target_devices:
+        raise ConfigError("--drafter-gpus cpu with GPU targets", "put targets and drafters on the same kind of device")
+    shared = [d.split(":")[1] for d in drafter_devices if d != "cpu" and d in target_devices]
+    in_process = args.nnodes == 1 and len(target_devices) == 1 and target_devices == drafter_devices
+    if shared and not in_process:
+        raise ConfigError(f"--drafter-gpus {args.drafter_gpus} overlaps --target-gpus {args.target_gpus} on GPU(s) "
+                          f"{','.join(shared)}: only one target and one drafter on one node may share a GPU "
+                          "(in one process)", "give the drafter ranks GPUs of their own (e.g. --target-gpus 0,1,2,3,4,5,6 "
+                          "--drafter-gpus 7), or one GPU for both on one node")
+
+
+def check_wandb_credentials(project, settings: dict) -> str:
+    """wandb.init with a project needs credentials unless wandb is offline or disabled; without
+    them it fails after the target loaded (a UsageError) and leaves a half-written run directory."""
+    if not project:
+        return ""
+    mode = str(settings.get("mode") or os.environ.get("WANDB_MODE") or "").lower()
+    if os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes"):
+        mode = "disabled"
+    if mode in ("offline", "disabled", "dryrun"):
+        return f"wandb mode {mode}: no credentials needed"
+    if os.environ.get("WANDB_API_KEY"):
+        return "wandb credentials: $WANDB_API_KEY"
+    token = os.environ.get("WANDB_IDENTITY_TOKEN_FILE")
+    if token and os.path.isfile(token):
+        return f"wandb credentials: identity token {token}"
+    base = settings.get("base_url") or os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    host = urlparse(str(base)).hostname or str(base)
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        auth = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        auth = None
+    if auth and auth[2]:
+        return f"wandb credentials: {path} entry for {host}"
+    raise ConfigError(f"--wandb-project {project}: no wandb credentials (no $WANDB_API_KEY, no {host} entry in {path}) "
+                      "and wandb is not offline: wandb.init would fail after the target loaded",
+                      "set WANDB_API_KEY (or run `wandb login` as the run's user), or WANDB_MODE=offline")
+
+
+def check_checkpoints(args, dcfg: DrafterConfig, world: int) -> list[str]:
+    """What the run will resume from, checked now: an explicit --resume path must verify in full;
+    with auto, the newest complete checkpoint (sizes, sha256, header, marker), and step
+    directories newer than it are named (a start moves them aside). The chosen checkpoint's
+    drafter and micro-batches per optimizer step must be this run's. Summary lines."""
+    root = Path(args.output_dir) / CHECKPOINTS
+    if args.resume == "never":
+        n = len(ckpt.complete_checkpoints(root))
+        return ["checkpoints: --resume never, starting from scratch" + (
+            f" ({n} complete checkpoint(s) in {root} are not read; saving a step they hold replaces it)" if n else "")]
+    lines = []
+    if args.resume != "auto":
+        path = Path(args.resume)
+        problems = ckpt_contract.verify(path, check_hashes=True)
+        if problems:
+            raise ConfigError(f"--resume {path} is not a complete checkpoint ({problems[0]})",
+                              "pass --resume auto (the newest complete one) or a complete checkpoints/step-XXXXXXXX")
+    else:
+        bad, path = ckpt.broken_newest(root)
+        for c in bad:
+            lines.append(f"WARNING checkpoint {c['path']} is not complete ({c['problems'][0]}): a start moves it aside "
+                         f"to {ckpt_contract.quarantine_name(root, c['step'])} (kept, never deleted)")
+        if path is None:
+            return lines + [f"checkpoints: no complete checkpoint in {root}, starting from scratch"]
+    try:
+        cfg = json.loads((path / ckpt.CONFIG).read_text())
+        theirs = DrafterConfig.from_dict(cfg).to_dict()
+        state = ckpt.load_state(path)
+    except Exception as e:
+        raise ConfigError(f"checkpoint {path}: config or trainer state unreadable ({str(e).splitlines()[0]})",
+                          "pass --resume never or a new --output-dir, and keep the checkpoint for a look") from e
+    mine = dcfg.to_dict()
+    diff = ckpt.drafter_differences(mine, theirs)
+    if diff:
+        what = ", ".join(f"{k} {theirs.get(k)} there, {mine.get(k)} here" for k in diff)
+        raise ConfigError(f"checkpoint {path} has a different drafter ({what})",
+                          "use a new --output-dir, --resume never, or the drafter flags the checkpoint was trained with")
+    saved_world, saved_accum = state.get("world"), (state.get("args") or {}).get("grad_accum")
+    per_step = args.grad_accum * world
+    if saved_world is not None and saved_accum is not None and saved_world * saved_accum != per_step:
+        fit = saved_world * saved_accum / world
+        hint = f"--grad-accum {int(fit)}" if fit == int(fit) and fit >= 1 else "the checkpoint's topology"
+        raise ConfigError(f"checkpoint {path} was trained with {saved_world * saved_accum} micro-batches per optimizer "
+                          f"step (--grad-accum {saved_accum} x {saved_world} drafter rank(s)), this run takes {per_step} "
+                          f"(--grad-accum {args.grad_accum} x {world}): its step count, LR schedule and data position "
+                          "would mean something else", f"pass {hint}, or use a new --output-dir or --resume never")
+    lines.append(f"checkpoints: resumes from {path} (step {state.get('step')}; verified: sizes, sha256, header, "
+                 f"marker; the same drafter; {per_step} micro-batches per step as saved)")
+    return lines
+
+
 def drafter_config(args, tcfg, layer_ids, mask_id) -> DrafterConfig:
     """The drafter this run builds: the target's defaults (`model.drafter_defaults`) and the flags.
     Flags absent from `args` (an older Namespace) count as not given."""
@@ -274,7 +466,8 @@ def preflight(args) -> Plan:
                        f"({layout}); shard headers ok")
 
     files, rows = check_schema(args.data_dir)
-    summary.append(f"data {args.data_dir}: {len(files)} Parquet file(s), {rows} rows, schema ok")
+    summary.append(f"data {args.data_dir}: {len(files)} Parquet file(s), {rows} rows, schema ok; "
+                   + check_data_values(files, vocab))
     eval_prompts = getattr(args, "eval_prompts", None)
     if eval_prompts and not Path(eval_prompts).is_file():
         raise ConfigError(f"--eval-prompts {eval_prompts}: no such file (evaluation would be skipped silently)",
@@ -282,8 +475,7 @@ def preflight(args) -> Plan:
 
     target_devices = parse_devices(args.target_gpus, "--target-gpus")
     drafter_devices = parse_devices(args.drafter_gpus, "--drafter-gpus")
-    if args.nnodes > 1 and "cpu" in drafter_devices and "cpu" not in target_devices:
-        raise ConfigError("--drafter-gpus cpu with GPU targets", "put targets and drafters on the same kind of device")
+    check_devices(args, target_devices, drafter_devices)
     cuda = [d for d in target_devices + drafter_devices if d != "cpu"]
     if cuda:
         have = torch.cuda.device_count()
@@ -312,6 +504,7 @@ def preflight(args) -> Plan:
 
         check_init_from(args, dcfg)
         summary.append(f"init from {args.init_from}: the same drafter (config and tensor shapes match)")
+    summary += check_checkpoints(args, dcfg, world)
 
     # Memory: target replicas in their compute dtype, drafter params + grads + AdamW state in fp32.
     if weights is not None:  # the tensors a replica loads (a wrapped checkpoint's language model only)
@@ -343,6 +536,9 @@ def preflight(args) -> Plan:
 
     settings = wandb_compat.parse_settings(args.wandb_settings)
     summary.append(wandb_compat.check(args.wandb_project, args.wandb_run_name, settings))
+    creds = check_wandb_credentials(args.wandb_project, settings)
+    if creds:
+        summary.append(creds)
     try:
         get_loss_fn(args.loss_impl)
     except ImportError as e:

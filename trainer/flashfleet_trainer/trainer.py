@@ -263,13 +263,8 @@ class Trainer:
                 raise ConfigError(f"--resume {path} is not a complete checkpoint (manifest missing or mismatched)",
                                   "pass --resume auto or a complete checkpoints/step-XXXXXXXX")
         weights, cfg, state = ckpt.load_checkpoint(path, map_location="cpu")
-        mine, theirs = self.dcfg.to_dict(), DrafterConfig.from_dict(cfg).to_dict()  # (old checkpoints: defaults)
-        # Every field that changes what the weights mean, not only their shapes (a sliding layer and a
-        # full one hold tensors of the same shape).
-        diff = [k for k in ("hidden_size", "num_hidden_layers", "target_layer_ids", "block_size", "vocab_size",
-                            "layer_types", "sliding_window", "num_attention_heads", "num_key_value_heads", "head_dim",
-                            "intermediate_size", "mask_token_id")
-                if theirs.get(k) != mine.get(k)]
+        # preflight refused a different drafter already; kept here for callers that skip it
+        diff = ckpt.drafter_differences(self.dcfg.to_dict(), DrafterConfig.from_dict(cfg).to_dict())
         if diff:
             raise ConfigError(f"checkpoint {path} has a different drafter ({', '.join(diff)} differ)",
                               "use a new --output-dir or --resume never")
@@ -277,6 +272,7 @@ class Trainer:
         load_optimizer_state(self.opt, state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
+        ckpt.restore_cuda_rng(state["rng"].get("cuda"))
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
         self.status.update(newest_checkpoint=str(path))
         self.log(f"resumed from {path} (step {self.step}, epoch {self.epoch}, micro-batch {self.batch_index})")

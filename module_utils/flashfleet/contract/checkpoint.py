@@ -3,12 +3,23 @@
     step-00001200/drafter.safetensors   trainable drafter weights
                   config.json           drafter config: enough to rebuild it for inference
                   trainer_state.pt      optimizer, scheduler, RNG, data position
-                  manifest.json         written LAST: {"format": 1, "step": n,
+                  manifest.json         {"format": 1, "step": n,
                                         "files": {name: {"size": bytes, "sha256": hex}}}
+                  COMPLETE              the completion marker, written LAST, after every file
+                                        above and the directory are fsynced: {"format": 2, "step": n}
 
 The trainer writes a checkpoint into `.tmp-step-<n>-<pid>/` and renames it to `step-<n>/` once
-the manifest is on disk, so a `step-*` directory is never half-written by a save; even so, every
-reader (the trainer's resume, diagnose) trusts a directory only when `verify` finds no problem.
+the marker is on disk, so a `step-*` directory is never half-written by a save; even so, every
+reader (the trainer's resume, diagnose) trusts a directory only when `verify` finds no problem,
+and a directory without its marker is never complete (checkpoints written before the marker
+existed, format 1, are therefore not resumed: docs/contract.md).
+
+Other names under checkpoints/, none of which any reader takes for a checkpoint:
+    .tmp-step-<n>-<pid>/       a save in progress (or a dead one's leftover)
+    .trash-step-<n>-<pid>/     a pruned or replaced checkpoint being deleted: pruning renames
+                               first, so a kill mid-delete leaves this, cleaned at the next start
+    step-<n>.corrupt-<k>/      a step directory that did not verify, moved aside at a start
+                               (never deleted, never overwritten: k is the first free number)
 """
 
 import json
@@ -18,11 +29,16 @@ import re
 from . import files, safetensors
 
 WEIGHTS, CONFIG, STATE, MANIFEST = "drafter.safetensors", "config.json", "trainer_state.pt", "manifest.json"
+MARKER = "COMPLETE"
 PAYLOAD = (WEIGHTS, CONFIG, STATE)
 MANIFEST_FORMAT = 1
+MARKER_FORMAT = 2  # the checkpoint format: 2 = with the completion marker
 TEMP_PREFIX = ".tmp-step-"
+TRASH_PREFIX = ".trash-step-"
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
 TEMP_DIR_RE = re.compile(r"^\.tmp-step-(\d+)-(\d+)$")
+TRASH_DIR_RE = re.compile(r"^\.trash-step-(\d+)-(\d+)$")
+QUARANTINE_RE = re.compile(r"^step-(\d{8})\.corrupt-(\d+)$")
 
 
 def step_dir_name(step: int) -> str:
@@ -45,17 +61,53 @@ def temp_pid(name: str) -> int | None:
     return int(m.group(2)) if m else None
 
 
+def trash_dir_name(step: int, pid: int) -> str:
+    return f"{TRASH_PREFIX}{step}-{pid}"
+
+
+def trash_pid(name: str) -> int | None:
+    """The pid that renamed a checkpoint for deletion (`.trash-step-<n>-<pid>`), None otherwise."""
+    m = TRASH_DIR_RE.match(name)
+    return int(m.group(2)) if m else None
+
+
+def quarantine_name(root, step: int) -> str:
+    """A free `step-<n>.corrupt-<k>` name under root (k = 1, 2, ...): nothing is ever overwritten."""
+    k = 1
+    while os.path.lexists(os.path.join(root, f"{step_dir_name(step)}.corrupt-{k}")):
+        k += 1
+    return f"{step_dir_name(step)}.corrupt-{k}"
+
+
+def quarantined(root) -> list[str]:
+    """Names of the checkpoints moved aside under root, oldest step first."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted((n for n in names if QUARANTINE_RE.match(n)),
+                  key=lambda n: tuple(int(g) for g in QUARANTINE_RE.match(n).groups()))
+
+
 def write_manifest(path, step: int) -> dict:
-    """Hash the payload files in directory `path` and write manifest.json there (fsynced)."""
+    """Complete checkpoint directory `path`: hash the payload files (already fsynced by the
+    writer), write manifest.json, fsync it and the directory, then write the marker LAST and
+    fsync it and the directory again. A directory without the marker is never complete."""
     manifest = {"format": MANIFEST_FORMAT, "step": step,
                 "files": {name: {"size": os.path.getsize(os.path.join(path, name)),
                                  "sha256": files.sha256(os.path.join(path, name))} for name in PAYLOAD}}
-    target = os.path.join(path, MANIFEST)
+    _write_synced(os.path.join(path, MANIFEST), json.dumps(manifest, indent=1) + "\n")
+    files.fsync_dir(path)
+    _write_synced(os.path.join(path, MARKER), json.dumps({"format": MARKER_FORMAT, "step": step}) + "\n")
+    files.fsync_dir(path)
+    return manifest
+
+
+def _write_synced(target, text: str) -> None:
     with open(target, "w") as f:
-        f.write(json.dumps(manifest, indent=1) + "\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    return manifest
 
 
 def verify(path, check_hashes: bool = True) -> list[str]:
@@ -71,6 +123,9 @@ def verify(path, check_hashes: bool = True) -> list[str]:
         return [f"no {MANIFEST} ({exc.strerror or exc})"]
     except (ValueError, KeyError, TypeError) as exc:
         return [f"{MANIFEST} is not a manifest ({exc})"]
+    if not os.path.isfile(os.path.join(path, MARKER)):
+        return [f"no {MARKER} marker (a save that never finished, or a checkpoint of format 1, "
+                "written before the marker existed, which is not resumed)"]
     problems = []
     for name in PAYLOAD:
         fpath = os.path.join(path, name)

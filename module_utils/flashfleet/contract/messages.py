@@ -16,6 +16,7 @@ EX_NONFINITE = 65
 
 CONFIG_ERROR_PREFIX = f"{PROGRAM}: config error: "
 ERROR_PREFIX = f"{PROGRAM}: error: "
+WARNING_PREFIX = f"{PROGRAM}: warning: "
 
 
 def config_error(what: str, fix: str) -> str:
@@ -26,6 +27,11 @@ def config_error(what: str, fix: str) -> str:
 def error(text: str) -> str:
     """The one line a failed multi-process run prints (the node's own account of the failure)."""
     return f"{ERROR_PREFIX}{text}"
+
+
+def warning(text: str) -> str:
+    """A decision the run took on its own that a human must hear of (a checkpoint moved aside)."""
+    return f"{WARNING_PREFIX}{text}"
 
 
 def nonfinite_loss(step: int, value: float, what: str = "loss") -> str:

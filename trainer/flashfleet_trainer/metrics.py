@@ -1,15 +1,39 @@
-"""metrics.jsonl (one record per optimizer step) and status.json (where the run stands now).
+"""metrics.jsonl (one record per optimizer step), status.json (where the run stands now) and
+run.json (what the run keeps across restarts).
 
-What the two files hold, and how status.json is written atomically (a reader never sees half a
-file, even after SIGKILL), is the run's contract: `flashfleet.contract.status`, `.metrics` and
-`.layout`, which diagnose and collect read too. This file is the trainer's writer for both.
+What the files hold, and how status.json is written atomically (a reader never sees half a
+file, even after SIGKILL), is the run's contract: `flashfleet.contract.status`, `.metrics`, `.runstate`
+and `.layout`, which diagnose and collect read too. This file is the trainer's writer for them.
 """
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from flashfleet.contract import layout, status
+from flashfleet.contract import layout, runstate, status
+from flashfleet.contract import metrics as contract
+
+from .config import ConfigError
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """This start of the run: its number (1 = the first) and the run's W&B id (run.json)."""
+
+    invocation: int
+    wandb_id: str
+
+
+def begin_run(output_dir, name: str) -> RunStart:
+    """One more start of the run (run.json); a damaged run.json is a ConfigError."""
+    try:
+        state = runstate.begin(output_dir, name)
+        return RunStart(state[runstate.INVOCATION], state[runstate.WANDB_ID])
+    except runstate.RunStateError as e:
+        raise ConfigError(f"cannot count this start: {e}",
+                          f"restore {layout.RUN_STATE} from a backup or move it aside (a new one starts a new history)"
+                          ) from e
 
 
 class Status:
@@ -51,16 +75,20 @@ class Status:
 
 
 class MetricsLog:
-    """Append-only metrics.jsonl; each line is flushed so `tail -f` and a crash both see it."""
+    """Append-only metrics.jsonl; each line is flushed so `tail -f` and a crash both see it.
+    Every record carries this start's invocation: its first step supersedes what earlier starts
+    logged from that step on (contract.metrics.supersede)."""
 
-    def __init__(self, output_dir: Path | None):
+    def __init__(self, output_dir: Path | None, invocation: int = 1):
         """output_dir: None writes nothing (drafter ranks other than 0)."""
         self.path = None if output_dir is None else Path(output_dir) / layout.METRICS
+        self.invocation = invocation
         self.file = None if self.path is None else open(self.path, "a")
 
     def write(self, record: dict) -> None:
         if self.file is not None:
-            self.file.write(json.dumps(status.clean({"time": time.time(), **record})) + "\n")
+            rec = {"time": time.time(), **record, contract.INVOCATION: self.invocation}
+            self.file.write(json.dumps(status.clean(rec)) + "\n")
             self.file.flush()
 
     def close(self) -> None:

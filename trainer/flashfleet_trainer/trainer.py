@@ -36,7 +36,7 @@ from .data import build_blocks, load_data, pack_epoch, sample_anchors
 from .evaluate import load_prompts, speculative_tau
 from .feed import Feed, InProcessFeed
 from .loss import acceptance_proxy, drafter_loss, get_loss_fn
-from .metrics import MetricsLog, Status
+from .metrics import MetricsLog, Status, begin_run
 from .model import (
     DFlashDrafter,
     DrafterConfig,
@@ -537,12 +537,15 @@ def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None
     previous = signal.signal(signal.SIGTERM, trainer.request_stop)
     metrics = wandb_run = None
     try:
+        # This start's number and the run's W&B id, kept in the run directory across restarts.
+        start = begin_run(out, args.wandb_run_name or out.resolve().name) if r.is_main else None
         trainer.setup()
         if r.is_main:
             (out / "run_config.json").write_text(json.dumps(vars(args), indent=1, default=str) + "\n")
-            metrics = MetricsLog(out)
+            metrics = MetricsLog(out, start.invocation)  # its first step supersedes (contract.metrics)
             wandb_run = wandb_compat.WandbRun(args.wandb_project, args.wandb_run_name, plan.wandb_settings,
-                                              vars(args), out)
+                                              vars(args), out, run_id=start.wandb_id)
+            log(f"start {start.invocation} of this run at step {trainer.step} (W&B id {start.wandb_id})")
         else:
             metrics, wandb_run = MetricsLog.null(), None
         phase = trainer.train(metrics, wandb_run, on_step)

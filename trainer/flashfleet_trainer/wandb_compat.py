@@ -69,16 +69,23 @@ def _rejected_keys(exc) -> list[str]:
 
 
 class WandbRun:
-    """wandb.init/log/finish behind three methods; a no-op when no project is configured."""
+    """wandb.init/log/finish behind three methods; a no-op when no project is configured.
 
-    def __init__(self, project, run_name, settings: dict, config: dict, directory):
+    run_id: the run's stable W&B id (run.json, contract.runstate), passed with resume="allow" so
+    every restart continues the same W&B run (online; offline, each start writes its own
+    wandb/offline-run-*-<id>/ directory with that id, and `wandb sync` sends them to the one run)."""
+
+    def __init__(self, project, run_name, settings: dict, config: dict, directory, run_id: str | None = None):
         self.run = None
         if not project:
             return
         import wandb
 
-        self.run = wandb.init(project=project, name=run_name, config=config, dir=str(directory),
-                              settings=wandb.Settings(**settings))
+        resume = {"id": run_id, "resume": "allow"} if run_id else {}
+        # allow_val_change: a restart may change a flag (e.g. --max-steps); the config follows it
+        self.run = wandb.init(project=project, name=run_name, dir=str(directory),
+                              settings=wandb.Settings(**settings), **resume)
+        self.run.config.update(config, allow_val_change=True)
 
     def log(self, record: dict, step: int) -> None:
         if self.run is not None:

@@ -1,8 +1,19 @@
 """metrics.jsonl: one JSON object per line, appended and flushed by the trainer's main rank.
 
-Every record has `time` (Unix seconds) and `step`. A training-step record (`is_step`) has the
-keys of STEP_KEYS; an evaluation record has EVAL_KEYS. Readers (the report, the planner, the
-collect role) use these names, never their own copies. Floats that are not finite are null.
+Every record has `time` (Unix seconds), `step` and INVOCATION (which start of the run wrote it:
+1, 2, ... counted in the run directory's run.json, `contract.runstate`). A training-step record
+(`is_step`) has the keys of STEP_KEYS; an evaluation record has EVAL_KEYS. Readers (the report,
+the planner, the collect role, diagnose) use these names, never their own copies. Floats that
+are not finite are null.
+
+One history across restarts. The file stays append-only: an rsync `--append-verify` copy on the
+controller stays a prefix of it, and nothing a dead start wrote is ever deleted. A start that
+resumed from the checkpoint of step s logs step s + 1 first, so its first training step
+SUPERSEDES every record of an earlier start at that step or later (those steps were trained
+again); of two evaluations at one step the newer start's wins. `read` returns the history (each
+step once); `read(..., superseded=True)` returns (history, superseded records) for whoever wants
+the evidence; `restarts` says where each later start resumed. A file from before invocations
+(records without one) is read as it is.
 """
 
 import json
@@ -22,6 +33,7 @@ STEP_KEYS = (
 EVAL_KEYS = ("step", "tau", "prompts", "cycles")
 
 LOSS, TAU, STEP = "loss", "tau", "step"
+INVOCATION = "invocation"  # on every record: the start of the run that wrote it (1 = the first)
 
 
 def is_step(record: dict) -> bool:
@@ -29,9 +41,53 @@ def is_step(record: dict) -> bool:
     return LOSS in record
 
 
-def read(path, tail_bytes: int | None = None) -> list[dict]:
-    """Every record of a metrics.jsonl (of its last `tail_bytes`), skipping lines that do not
-    parse (a line cut by a crash or a write in progress). OSError if the file is unreadable."""
+def _inv(record: dict) -> int:
+    v = record.get(INVOCATION)
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _step(record: dict):
+    v = record.get(STEP)
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def first_steps(records: list[dict]) -> dict[int, int]:
+    """{invocation: the first training step it logged}."""
+    first = {}
+    for r in records:
+        if is_step(r) and _step(r) is not None:
+            first[_inv(r)] = min(first.get(_inv(r), r[STEP]), r[STEP])
+    return first
+
+
+def restarts(records: list[dict]) -> list[dict]:
+    """Where each start after the first resumed: [{invocation, step}] (step: the resumed
+    checkpoint's, one before the start's first training step), in invocation order."""
+    first = first_steps(records)
+    return [{INVOCATION: inv, STEP: first[inv] - 1} for inv in sorted(first)[1:]]
+
+
+def supersede(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(history, superseded), both in file order (see the module docstring)."""
+    first = first_steps(records)
+    newest_eval = {}  # step -> the newest invocation that evaluated at it
+    for r in records:
+        if TAU in r and _step(r) is not None:
+            newest_eval[r[STEP]] = max(newest_eval.get(r[STEP], _inv(r)), _inv(r))
+    kept, dropped = [], []
+    for r in records:
+        step, inv = _step(r), _inv(r)
+        cut = min((f for i, f in first.items() if i > inv), default=float("inf"))  # a later start's first step
+        gone = step is not None and (step >= cut or (TAU in r and newest_eval[step] > inv))
+        (dropped if gone else kept).append(r)
+    return kept, dropped
+
+
+def read(path, tail_bytes: int | None = None, superseded: bool = False):
+    """The history of a metrics.jsonl (of its last `tail_bytes`): every record in file order,
+    those a later start superseded left out, skipping lines that do not parse (a line cut by a
+    crash or a write in progress). superseded=True: (history, superseded records).
+    OSError if the file is unreadable."""
     with open(path, "rb") as f:
         if tail_bytes is not None:
             f.seek(0, 2)
@@ -45,4 +101,5 @@ def read(path, tail_bytes: int | None = None) -> list[dict]:
             continue
         if isinstance(rec, dict):
             records.append(rec)
-    return records
+    history, dropped = supersede(records)
+    return (history, dropped) if superseded else history

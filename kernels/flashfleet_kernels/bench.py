@@ -4,9 +4,15 @@
     python -m flashfleet_kernels.bench --n 8192 --v 151936 --breakdown
     python -m flashfleet_kernels.bench --sweep              # chunk/block/warps for the default shape
 
-"ours" is the fused Triton path, "torch" the fp32 materializing reference, "liger" Liger-Kernel's
-``LigerFusedLinearJSDLoss(beta=0)`` when importable (it has no per-row weights, so it computes a
-slightly different loss; it is here for speed and memory). Inputs are bf16, the head is frozen, the
+"ours" is the fused Triton path, "torch" the fp32 materializing reference, "eager" the same loss in
+plain bf16 torch (materialized logits), and the peers, each when importable: "liger" is Liger-Kernel's
+``LigerFusedLinearJSDLoss(beta=0)`` (it has no per-row weights, so it computes a slightly different
+loss; it is here for speed and memory); "speculators" is vllm-project/speculators' way (cuBLAS bf16
+logits for student and teacher, materialized, then its fused Triton KL kernel, weights applied
+outside: compare it with ``--temperature 1 --kl-weight 1``, since it has no temperature and no CE
+mixing); "cce" is Cut Cross-Entropy's ``linear_cross_entropy`` (hard-label CE only: compare it with
+``--kl-weight 0``). "ours@FILE" times another copy of the fused module (e.g. an older commit's
+``distill_loss.py``) as an anchor in the same process. Inputs are bf16, the head is frozen, the
 gradient goes to the student hidden states only. Time is the median of ``--reps`` runs after
 ``--warmup``; "peak" is the maximum memory allocated during one forward+backward above what was
 allocated before it (inputs), so it includes the ``[N, d]`` gradient. Rows 0 mod 97 are ignored and
@@ -54,6 +60,86 @@ def _torch(temperature, kl_weight):
     return run
 
 
+def _ours_file(path, temperature, kl_weight):
+    """The fused path from another copy of distill_loss.py (an anchor: e.g. the previous commit's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("flashfleet_kernels._anchor_distill_loss", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def run(h_s, h_t, weight, labels, row_weights):
+        return mod.triton_fused_linear_distill_loss(h_s, h_t, weight, labels, row_weights,
+                                                    temperature=temperature, kl_weight=kl_weight)
+    return run
+
+
+def _eager(temperature, kl_weight):
+    """The loss in plain bf16 torch: both logits materialized, softmaxes in fp32 by autograd."""
+    def run(h_s, h_t, weight, labels, row_weights):
+        z_s = h_s @ weight.t()
+        valid = labels != -100
+        w = torch.where(valid, row_weights, 0.0)
+        row = torch.zeros_like(w)
+        if kl_weight != 1:
+            ce = torch.nn.functional.cross_entropy(z_s.float(), labels, ignore_index=-100, reduction="none")
+            row = row + (1 - kl_weight) * ce
+        if kl_weight != 0:
+            with torch.no_grad():
+                log_p = torch.log_softmax((h_t @ weight.t()).float() / temperature, -1)
+            log_q = torch.log_softmax(z_s.float() / temperature, -1)
+            kl = (log_p.exp() * (log_p - log_q)).sum(-1) * temperature**2
+            row = row + kl_weight * kl
+        return (w * row).sum() / w.sum()
+    return run
+
+
+def _speculators(temperature, kl_weight):
+    """speculators 0.9.0's fused KL kernel on materialized bf16 logits; weights applied outside.
+
+    ``speculators/__init__.py`` imports its whole model stack (pydantic, transformers, datasets ...);
+    the loss module needs only torch, triton and one helper, so it is loaded on its own with that
+    helper stubbed (no Ascend NPU here)."""
+    import importlib.util
+    import pathlib
+    import types
+
+    if temperature != 1.0 or kl_weight != 1.0:
+        raise ImportError("speculators has no temperature and no CE mixing: use --temperature 1 --kl-weight 1")
+    spec = importlib.util.find_spec("speculators")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("speculators is not installed")
+    root = pathlib.Path(list(spec.submodule_search_locations)[0])
+    util = types.ModuleType("speculators.utils.util")
+    util.is_npu_available = lambda: False
+    sys.modules.setdefault("speculators", types.ModuleType("speculators"))
+    sys.modules.setdefault("speculators.utils", types.ModuleType("speculators.utils"))
+    sys.modules["speculators.utils.util"] = util
+    fspec = importlib.util.spec_from_file_location("speculators.losses.fused", root / "losses" / "fused.py")
+    fused = importlib.util.module_from_spec(fspec)
+    fspec.loader.exec_module(fused)
+
+    def run(h_s, h_t, weight, labels, row_weights):
+        z_s = h_s @ weight.t()
+        with torch.no_grad():
+            z_t = h_t @ weight.t()
+        kl = fused.fused_kl_div_loss(z_s[None], z_t[None]).reshape(-1)
+        w = torch.where(labels != -100, row_weights, 0.0)
+        return (w * kl).sum() / w.sum()
+    return run
+
+
+def _cce(temperature, kl_weight):
+    from cut_cross_entropy import linear_cross_entropy
+
+    if kl_weight != 0:
+        raise ImportError("Cut Cross-Entropy is CE only: use --kl-weight 0")
+
+    def run(h_s, h_t, weight, labels, row_weights):
+        return linear_cross_entropy(h_s, weight, labels, ignore_index=-100)
+    return run
+
+
 def _liger(temperature, kl_weight):
     from liger_kernel.chunked_loss import LigerFusedLinearJSDLoss
 
@@ -66,7 +152,8 @@ def _liger(temperature, kl_weight):
 
 
 def measure(fn, inputs, reps: int, warmup: int):
-    """Median fwd+bwd milliseconds and peak extra GiB, or the reason it could not run."""
+    """Median fwd+bwd milliseconds and peak extra GiB, or the reason it could not run. The spread of
+    the timed runs, (max - min) / median, is kept in ``measure.last_spread``."""
     h_s = inputs[0]
     try:
         for _ in range(warmup):
@@ -89,7 +176,9 @@ def measure(fn, inputs, reps: int, warmup: int):
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
-        return statistics.median(times), peak
+        med = statistics.median(times)
+        measure.last_spread = (max(times) - min(times)) / med
+        return med, peak
     except torch.OutOfMemoryError:
         return "OOM", None
     finally:
@@ -120,7 +209,7 @@ class _Stopwatch:
 
 
 def breakdown(inputs, temperature, kl_weight, chunk_size=None, reps: int = 5, row_group: int = 1,
-              ignore_index: int = -100):
+              ignore_index: int = -100, **knobs):
     """Where one fused forward+backward spends its time: the chunk loop, phase by phase.
 
     Runs what the loss runs (:func:`~flashfleet_kernels.distill_loss.prepare_inputs`, then the same
@@ -142,7 +231,7 @@ def breakdown(inputs, temperature, kl_weight, chunk_size=None, reps: int = 5, ro
     for rnd in range(reps + 1):  # round 0 is warm-up
         loop = dl.ChunkLoop(h_s, h_t, weight, labels, row_weights, temperature=float(temperature),
                             kl_weight=float(kl_weight), ignore_index=ignore_index, chunk_size=chunk_size,
-                            row_group=row_group, need_grad_h=True, need_grad_w=False)
+                            row_group=row_group, need_grad_h=True, need_grad_w=False, **knobs)
         chunk = loop.chunk_size
         watch = _Stopwatch(h_s.device)
         for k in range(len(loop)):
@@ -161,6 +250,34 @@ def breakdown(inputs, temperature, kl_weight, chunk_size=None, reps: int = 5, ro
     return chunk, phases
 
 
+def sweep(args, anchors):
+    """Row-kernel launch variants (block, warps, segment), chunk sizes and cuBLASLt, at --n[0]; each
+    variant's whole fwd+bwd and its row-kernel phase, beside the anchors (--impls) timed in between."""
+    T, a = args.temperature, args.kl_weight
+    variants = [dict(chunk_size=c, block_size=b, num_warps=w, seg_size=s)
+                for c in (1024, 768) for b, w, s in ((4096, 8, None), (2048, 4, None), (2048, 8, None),
+                                                     (4096, 8, 32768), (2048, 4, 8192), (1024, 4, 8192),
+                                                     (2048, 4, 32768), (4096, 16, 38912))]
+    for v in args.v:
+        inputs = make_inputs(args.n[0], v, args.d)
+        for name, fn in anchors:
+            ms, peak = measure(fn, inputs, args.reps, args.warmup)
+            print(f"sweep N={args.n[0]} V={v} anchor {name}: {ms} ms", flush=True)
+            del fn
+        for lib in ("cublas", "cublaslt"):
+            torch.backends.cuda.preferred_blas_library(lib)
+            for knobs in variants if lib == "cublas" else variants[:2]:
+                fn = _ours(T, a, **knobs)
+                ms, peak = measure(fn, inputs, args.reps, args.warmup)
+                _, phases = breakdown(inputs, T, a, reps=2, **knobs)
+                laps = " / ".join(f"{x:.1f}" for x in phases.values())
+                print(f"sweep N={args.n[0]} V={v} {lib} {knobs}: {ms:.1f} ms, {peak:.2f} GiB; phases {laps} ms",
+                      flush=True)
+        torch.backends.cuda.preferred_blas_library("cublas")
+        del inputs
+    return 0
+
+
 def matmul_flops(n, v, d, kl_weight):
     return (3 if kl_weight else 2) * 2 * n * v * d
 
@@ -177,7 +294,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--chunk-size", type=int, default=None)
     p.add_argument("--breakdown", action="store_true", help="time the fused loop phase by phase")
-    p.add_argument("--sweep", action="store_true", help="try chunk sizes / blocks / warps at --n[0]")
+    p.add_argument("--sweep", action="store_true",
+                   help="try chunk sizes / row-kernel blocks, warps and segments / cuBLASLt at --n[0]")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("the benchmark needs a CUDA GPU", file=sys.stderr)
@@ -187,38 +305,34 @@ def main(argv=None):
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"triton {__import__('triton').__version__}, bf16, d={args.d}, T={T}, kl_weight={a}")
     makers = {"ours": lambda: _ours(T, a, chunk_size=args.chunk_size), "torch": lambda: _torch(T, a),
-              "liger": lambda: _liger(T, a)}
+              "eager": lambda: _eager(T, a), "liger": lambda: _liger(T, a),
+              "speculators": lambda: _speculators(T, a), "cce": lambda: _cce(T, a)}
     impls = []
     for name in args.impls.split(","):
         try:
-            impls.append((name, makers[name]()))
-        except ImportError as exc:
+            if name.startswith("ours@"):
+                impls.append((name, _ours_file(name[5:], T, a)))
+            else:
+                impls.append((name, makers[name]()))
+        except (ImportError, FileNotFoundError) as exc:
             print(f"# {name}: not available ({exc})")
 
     if args.sweep:
-        for v in args.v:
-            inputs = make_inputs(args.n[0], v, args.d)
-            for chunk in (384, 512, 640, 768, 1024, 1280):
-                for block, warps in ((2048, 4), (4096, 8)):
-                    fn = _ours(T, a, chunk_size=chunk, block_size=block, num_warps=warps)
-                    ms, peak = measure(fn, inputs, args.reps, args.warmup)
-                    print(f"sweep N={args.n[0]} V={v} chunk={chunk} block={block} warps={warps}: "
-                          f"{ms:.1f} ms, {peak:.2f} GiB", flush=True)
-            del inputs
-        return 0
+        return sweep(args, impls)
 
-    print("| N | V | impl | fwd+bwd ms | peak extra GiB | matmul TFLOP/s |")
-    print("|---:|---:|---|---:|---:|---:|")
+    print("| N | V | impl | fwd+bwd ms (median) | spread | peak extra GiB | matmul TFLOP/s |")
+    print("|---:|---:|---|---:|---:|---:|---:|")
     for v in args.v:
         for n in args.n:
             inputs = make_inputs(n, v, args.d)
             for name, fn in impls:
                 ms, peak = measure(fn, inputs, args.reps, args.warmup)
                 if isinstance(ms, str):
-                    print(f"| {n:,} | {v:,} | {name} | {ms} | - | - |", flush=True)
+                    print(f"| {n:,} | {v:,} | {name} | {ms} | - | - | - |", flush=True)
                     continue
                 tflops = matmul_flops(n, v, args.d, a) / (ms * 1e-3) / 1e12
-                print(f"| {n:,} | {v:,} | {name} | {ms:.1f} | {peak:.2f} | {tflops:.0f} |", flush=True)
+                print(f"| {n:,} | {v:,} | {name} | {ms:.1f} | {measure.last_spread:.1%} | {peak:.2f} | {tflops:.0f} |",
+                      flush=True)
             if args.breakdown:
                 c, phases = breakdown(inputs, T, a, args.chunk_size)
                 parts = ", ".join(f"{k} {ms:.1f} ms" for k, ms in phases.items())

@@ -45,139 +45,227 @@ import triton.language as tl
 # 1 GiB "extra memory" goal at N=16k, d=5120, bf16.
 DEFAULT_WORKSPACE_BYTES = 768 * 1024 * 1024
 
+# Row-kernel launch on a GPU: vocabulary columns per step, warps per program, columns per segment
+# (each row is split into segments swept by programs of their own; see docs/kernels.md).
+ROW_BLOCK, ROW_WARPS, ROW_SEGMENT = 2048, 4, 16384
+
+
+# Slots of one (row, vocabulary segment) partial: the stats kernel writes them, the finish kernel merges them.
+_NPART = 8  # m_s, d_1, d_T, m_t, d_t, acc, argmax (as fp32, exact below 2^24), z_y (segment 0 only)
+
 
 @triton.jit
-def _distill_row_kernel(
-    s_ptr,  # [rows, V] student logits; overwritten with d loss / d logits
+def _row_stats_kernel(
+    s_ptr,  # [rows, V] student logits
     t_ptr,  # [rows, V] teacher logits (unused when not HAS_KL)
     stride_s,
     stride_t,
     labels_ptr,  # [rows] int64
-    scale_ptr,  # [rows] fp32: w_i' / sum(w') (w_i' when PASS 2), 0 for rows that drop out
-    ce_ptr,  # [rows] fp32 out: CE(z_s, y) (0 for ignored labels)
-    kl_ptr,  # [rows] fp32 out: T^2 * KL(p || q_T)
-    argmax_ptr,  # [rows] int32 out: argmax z_s (only when WRITE_ARGMAX)
-    norm_ptr,  # [rows, 5] fp32: pass 1's normalisers, written in PASS 1, read in PASS 2
+    part_ptr,  # [rows, n_seg, _NPART] fp32 out
     V,
+    SEG,  # columns per segment (a multiple of BLOCK)
     inv_temp,
-    ce_coef,  # 1 - a
-    kl_coef,  # a * T
     ignore_index,
     HAS_KL: tl.constexpr,
-    HAS_CE: tl.constexpr,
     SEPARATE_T: tl.constexpr,  # T != 1: the student needs a second normaliser for the KL
+    SQUARE_T: tl.constexpr,  # T == 2: exp(z - m) = exp((z - m) / 2)^2, one exp per student logit
     WRITE_ARGMAX: tl.constexpr,
     BLOCK: tl.constexpr,
-    PASS: tl.constexpr = 0,  # 0: both passes; 1: statistics only (and the normalisers); 2: gradient only
 ):
+    """Pass 1 on one vocabulary segment of one row: an online sweep that keeps, together, the student
+    max and normalisers at T=1 and at T, the teacher max and normaliser at T and
+    ``sum exp((z_t - m_t) / T) (z_t - z_s)``. Segments are merged by the finish kernel; splitting a
+    row over several programs gives the GPU ``rows x segments`` independent sweeps to overlap."""
     row = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1)
+    n_seg = tl.num_programs(1)
     s_row = s_ptr + row * stride_s
     t_row = t_ptr + row * stride_t
-    label = tl.load(labels_ptr + row)
-
-    if PASS == 2:
-        # Pass 1 ran in an earlier launch (the row weights were computed from its CE since): take
-        # its normalisers instead of sweeping again.
-        m_s = tl.load(norm_ptr + row * 5)
-        log_d1 = tl.load(norm_ptr + row * 5 + 1)
-        log_dT = tl.load(norm_ptr + row * 5 + 2)
-        if HAS_KL:
-            m_t = tl.load(norm_ptr + row * 5 + 3)
-            log_dt = tl.load(norm_ptr + row * 5 + 4)
-    else:
-        # Pass 1: one online sweep. One running max per side serves both temperatures because
-        # max(z / T) = max(z) / T for T > 0.
-        m_s = float("-inf")
-        d_1 = 0.0  # sum exp(z_s - m_s)
-        d_T = 0.0  # sum exp((z_s - m_s) / T)
-        m_t = float("-inf")
-        d_t = 0.0  # sum exp((z_t - m_t) / T)
-        acc = 0.0  # sum exp((z_t - m_t) / T) * (z_t - z_s)
-        best = 0
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < V
-            zs = tl.load(s_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-            blk_max = tl.max(zs, axis=0)
-            if WRITE_ARGMAX:
-                best = tl.where(blk_max > m_s, start + tl.argmax(zs, axis=0), best)
-            m_new = tl.maximum(m_s, blk_max)
+    lo = seg * SEG
+    hi = tl.minimum(lo + SEG, V)
+    # One running max per side serves both temperatures because max(z / T) = max(z) / T for T > 0.
+    m_s = float("-inf")
+    d_1 = 0.0  # sum exp(z_s - m_s)
+    d_T = 0.0  # sum exp((z_s - m_s) / T)
+    m_t = float("-inf")
+    d_t = 0.0  # sum exp((z_t - m_t) / T)
+    acc = 0.0  # sum exp((z_t - m_t) / T) * (z_t - z_s)
+    best = lo
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < hi
+        zs = tl.load(s_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        blk_max = tl.max(zs, axis=0)
+        if WRITE_ARGMAX:
+            best = tl.where(blk_max > m_s, start + tl.argmax(zs, axis=0), best)
+        m_new = tl.maximum(m_s, blk_max)
+        if SQUARE_T:
+            half = tl.exp((m_s - m_new) * 0.5)
+            e_T = tl.exp((zs - m_new) * 0.5)
+            d_T = d_T * half + tl.sum(e_T, axis=0)
+            d_1 = d_1 * (half * half) + tl.sum(e_T * e_T, axis=0)
+        else:
             d_1 = d_1 * tl.exp(m_s - m_new) + tl.sum(tl.exp(zs - m_new), axis=0)
             if SEPARATE_T:
                 d_T = d_T * tl.exp((m_s - m_new) * inv_temp) + tl.sum(tl.exp((zs - m_new) * inv_temp), axis=0)
-            m_s = m_new
-            if HAS_KL:
-                zt = tl.load(t_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-                mt_new = tl.maximum(m_t, tl.max(zt, axis=0))
-                alpha = tl.exp((m_t - mt_new) * inv_temp)
-                e_t = tl.exp((zt - mt_new) * inv_temp)
-                d_t = d_t * alpha + tl.sum(e_t, axis=0)
-                # Both sides are -inf in the masked tail: select before subtracting to avoid inf - inf.
-                diff = tl.where(mask, zt, 0.0) - tl.where(mask, zs, 0.0)
-                acc = acc * alpha + tl.sum(e_t * diff, axis=0)
-                m_t = mt_new
-
-        log_d1 = tl.log(d_1)
-        if SEPARATE_T:
-            log_dT = tl.log(d_T)
-        else:
-            log_dT = log_d1
-        valid = (label != ignore_index) & (label >= 0) & (label < V)
-        z_y = tl.load(s_row + label, mask=valid, other=0.0).to(tl.float32)
-        ce = tl.where(valid, m_s + log_d1 - z_y, 0.0)
-        tl.store(ce_ptr + row, ce)
-        if WRITE_ARGMAX:
-            tl.store(argmax_ptr + row, best)
+        m_s = m_new
         if HAS_KL:
-            log_dt = tl.log(d_t)
-            # KL = sum p (log p - log q_T) = E_p[(z_t - z_s) / T] - lse(z_t / T) + lse(z_s / T)
-            kl = (acc / d_t) * inv_temp - (m_t * inv_temp + log_dt) + (m_s * inv_temp + log_dT)
-            tl.store(kl_ptr + row, kl / (inv_temp * inv_temp))
-        if PASS == 1:
-            tl.store(norm_ptr + row * 5, m_s)
-            tl.store(norm_ptr + row * 5 + 1, log_d1)
-            tl.store(norm_ptr + row * 5 + 2, log_dT)
-            if HAS_KL:
-                tl.store(norm_ptr + row * 5 + 3, m_t)
-                tl.store(norm_ptr + row * 5 + 4, log_dt)
-
-    if PASS != 1:
-        # Pass 2: overwrite the student logits with the weighted gradient.
-        scale = tl.load(scale_ptr + row)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < V
-            zs = tl.load(s_row + offs, mask=mask, other=0.0).to(tl.float32)
-            g = tl.zeros([BLOCK], dtype=tl.float32)
-            if HAS_CE:
-                q1 = tl.exp(zs - m_s - log_d1)
-                g = ce_coef * tl.where(offs == label, q1 - 1.0, q1)
-            if HAS_KL:
-                zt = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
-                if SEPARATE_T:
-                    q_T = tl.exp((zs - m_s) * inv_temp - log_dT)
-                else:
-                    q_T = tl.exp(zs - m_s - log_d1)
-                p = tl.exp((zt - m_t) * inv_temp - log_dt)
-                g += kl_coef * (q_T - p)
-            tl.store(s_row + offs, (g * scale).to(s_ptr.dtype.element_ty), mask=mask)
+            zt = tl.load(t_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+            mt_new = tl.maximum(m_t, tl.max(zt, axis=0))
+            alpha = tl.exp((m_t - mt_new) * inv_temp)
+            e_t = tl.exp((zt - mt_new) * inv_temp)
+            d_t = d_t * alpha + tl.sum(e_t, axis=0)
+            # Both sides are -inf in the masked tail: select before subtracting to avoid inf - inf.
+            diff = tl.where(mask, zt, 0.0) - tl.where(mask, zs, 0.0)
+            acc = acc * alpha + tl.sum(e_t * diff, axis=0)
+            m_t = mt_new
+    part = part_ptr + (row * n_seg + seg) * 8
+    tl.store(part, m_s)
+    tl.store(part + 1, d_1)
+    tl.store(part + 2, d_T)
+    tl.store(part + 3, m_t)
+    tl.store(part + 4, d_t)
+    tl.store(part + 5, acc)
+    tl.store(part + 6, best.to(tl.float32))
+    if seg == 0:  # the label's logit, read here because the gradient kernel overwrites the logits
+        label = tl.load(labels_ptr + row)
+        valid = (label != ignore_index) & (label >= 0) & (label < V)
+        tl.store(part + 7, tl.load(s_row + label, mask=valid, other=0.0).to(tl.float32))
 
 
-_interpreted_kernel = None
+@triton.jit
+def _row_finish_kernel(
+    part_ptr,  # [rows, n_seg, _NPART] fp32 from the stats kernel
+    n_seg,
+    labels_ptr,
+    ce_ptr,  # [rows] fp32 out: CE(z_s, y) (0 for ignored labels)
+    kl_ptr,  # [rows] fp32 out: T^2 * KL(p || q_T)
+    argmax_ptr,  # [rows] int32 out: argmax z_s (only when WRITE_ARGMAX)
+    norm_ptr,  # [rows, 5] fp32 out: m_s, log d_1, log d_T, m_t, log d_t for the gradient kernel
+    V,
+    inv_temp,
+    ignore_index,
+    HAS_KL: tl.constexpr,
+    SEPARATE_T: tl.constexpr,
+    WRITE_ARGMAX: tl.constexpr,
+    SEG_P2: tl.constexpr,  # next power of two >= n_seg
+):
+    """Merges a row's segment partials into its CE, KL, argmax and softmax normalisers."""
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, SEG_P2)
+    have = i < n_seg
+    part = part_ptr + row * n_seg * 8 + i * 8
+    ms_i = tl.load(part, mask=have, other=float("-inf"))
+    m_s = tl.max(ms_i, axis=0)
+    d_1 = tl.sum(tl.load(part + 1, mask=have, other=0.0) * tl.exp(ms_i - m_s), axis=0)
+    log_d1 = tl.log(d_1)
+    if SEPARATE_T:
+        log_dT = tl.log(tl.sum(tl.load(part + 2, mask=have, other=0.0) * tl.exp((ms_i - m_s) * inv_temp), axis=0))
+    else:
+        log_dT = log_d1
+    label = tl.load(labels_ptr + row)
+    valid = (label != ignore_index) & (label >= 0) & (label < V)
+    z_y = tl.load(part_ptr + row * n_seg * 8 + 7)
+    tl.store(ce_ptr + row, tl.where(valid, m_s + log_d1 - z_y, 0.0))
+    if WRITE_ARGMAX:  # the first segment holding the max; within it, the first column (as one sweep)
+        seg = tl.argmax(ms_i, axis=0)
+        tl.store(argmax_ptr + row, tl.load(part_ptr + row * n_seg * 8 + seg * 8 + 6).to(tl.int32))
+    m_t = 0.0
+    log_dt = 0.0
+    if HAS_KL:
+        mt_i = tl.load(part + 3, mask=have, other=float("-inf"))
+        m_t = tl.max(mt_i, axis=0)
+        rescale = tl.exp((mt_i - m_t) * inv_temp)
+        d_t = tl.sum(tl.load(part + 4, mask=have, other=0.0) * rescale, axis=0)
+        acc = tl.sum(tl.load(part + 5, mask=have, other=0.0) * rescale, axis=0)
+        log_dt = tl.log(d_t)
+        # KL = sum p (log p - log q_T) = E_p[(z_t - z_s) / T] - lse(z_t / T) + lse(z_s / T)
+        kl = (acc / d_t) * inv_temp - (m_t * inv_temp + log_dt) + (m_s * inv_temp + log_dT)
+        tl.store(kl_ptr + row, kl / (inv_temp * inv_temp))
+    norm = norm_ptr + row * 5
+    tl.store(norm, m_s)
+    tl.store(norm + 1, log_d1)
+    tl.store(norm + 2, log_dT)
+    tl.store(norm + 3, m_t)
+    tl.store(norm + 4, log_dt)
 
 
-def _row_kernel_for(device: torch.device):
-    """The row kernel, or an interpreted copy of it for CPU tensors.
+@triton.jit
+def _row_grad_kernel(
+    s_ptr,  # [rows, V] student logits; overwritten with d loss / d logits
+    t_ptr,
+    stride_s,
+    stride_t,
+    labels_ptr,
+    scale_ptr,  # [rows] fp32: the row's weight factor, 0 for rows that drop out
+    norm_ptr,  # [rows, 5] fp32 from the finish kernel
+    V,
+    SEG,
+    inv_temp,
+    ce_coef,  # 1 - a
+    kl_coef,  # a * T
+    HAS_KL: tl.constexpr,
+    HAS_CE: tl.constexpr,
+    SEPARATE_T: tl.constexpr,
+    SQUARE_T: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Pass 2 on one segment: overwrite the student logits with the weighted gradient."""
+    row = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1)
+    s_row = s_ptr + row * stride_s
+    t_row = t_ptr + row * stride_t
+    label = tl.load(labels_ptr + row)
+    scale = tl.load(scale_ptr + row)
+    norm = norm_ptr + row * 5
+    m_s = tl.load(norm)
+    log_d1 = tl.load(norm + 1)
+    log_dT = tl.load(norm + 2)
+    m_t = tl.load(norm + 3)
+    log_dt = tl.load(norm + 4)
+    inv_d1 = tl.exp(-log_d1)
+    inv_dT = tl.exp(-log_dT)
+    lo = seg * SEG
+    hi = tl.minimum(lo + SEG, V)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < hi
+        zs = tl.load(s_row + offs, mask=mask, other=0.0).to(tl.float32)
+        if SQUARE_T:
+            e_T = tl.exp((zs - m_s) * 0.5)
+            q_T = e_T * inv_dT
+            q1 = e_T * e_T * inv_d1
+        elif SEPARATE_T:
+            q_T = tl.exp((zs - m_s) * inv_temp - log_dT)
+            q1 = tl.exp(zs - m_s - log_d1)
+        else:
+            q1 = tl.exp(zs - m_s - log_d1)
+            q_T = q1
+        g = tl.zeros([BLOCK], dtype=tl.float32)
+        if HAS_CE:
+            g = ce_coef * tl.where(offs == label, q1 - 1.0, q1)
+        if HAS_KL:
+            zt = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
+            p = tl.exp((zt - m_t) * inv_temp - log_dt)
+            g += kl_coef * (q_T - p)
+        tl.store(s_row + offs, (g * scale).to(s_ptr.dtype.element_ty), mask=mask)
+
+
+_ROW_KERNELS = (_row_stats_kernel, _row_finish_kernel, _row_grad_kernel)
+_interpreted_kernels = None
+
+
+def _row_kernels_for(device: torch.device):
+    """The three row kernels (stats, finish, grad), or interpreted copies of them for CPU tensors.
 
     Whether ``triton.jit`` compiles or interprets is decided when the module is imported, from
     ``TRITON_INTERPRET``. If this module was imported without it (e.g. by another test folder
-    first) and is then asked to run on CPU tensors, build an interpreted copy instead of failing.
+    first) and is then asked to run on CPU tensors, build interpreted copies instead of failing.
     """
-    global _interpreted_kernel
-    kernel = _distill_row_kernel
-    if device.type != "cpu" or not isinstance(kernel, triton.runtime.JITFunction):
-        return kernel
-    if _interpreted_kernel is None:
+    global _interpreted_kernels
+    if device.type != "cpu" or not isinstance(_ROW_KERNELS[0], triton.runtime.JITFunction):
+        return _ROW_KERNELS
+    if _interpreted_kernels is None:
         try:
             from triton.runtime.interpreter import InterpretedFunction
         except ImportError as exc:  # pragma: no cover - depends on the Triton build
@@ -185,8 +273,8 @@ def _row_kernel_for(device: torch.device):
                 "Triton cannot run on CPU tensors here: set TRITON_INTERPRET=1 before importing "
                 "triton, or use impl='torch'"
             ) from exc
-        _interpreted_kernel = InterpretedFunction(kernel.fn)
-    return _interpreted_kernel
+        _interpreted_kernels = tuple(InterpretedFunction(k.fn) for k in _ROW_KERNELS)
+    return _interpreted_kernels
 
 
 # Rows per chunk, largest first. Measured on an H200 (bf16, d=5120, whole forward+backward): cuBLAS
@@ -206,10 +294,13 @@ def default_chunk_size(n_rows: int, vocab: int, itemsize: int, has_kl: bool,
     return max(1, min(rows, n_rows))
 
 
-def _launch_config(vocab: int, device: torch.device) -> tuple[int, int]:
+def _launch_config(vocab: int, device: torch.device) -> tuple[int, int, int]:
+    """(columns per kernel step, warps, columns per segment) for the row kernels."""
     if device.type == "cpu":  # the interpreter: a few blocks per row exercise the online merge
-        return min(1024, triton.next_power_of_2(vocab)), 1
-    return min(4096, triton.next_power_of_2(vocab)), 8
+        block = min(1024, triton.next_power_of_2(vocab))
+        return block, 1, 2 * block
+    block = min(ROW_BLOCK, triton.next_power_of_2(vocab))
+    return block, ROW_WARPS, max(block, ROW_SEGMENT // block * block)
 
 
 def normalised_scale(labels: torch.Tensor, row_weights: torch.Tensor, ignore_index: int) -> torch.Tensor:
@@ -236,7 +327,7 @@ class ChunkLoop:
 
     def __init__(self, h_s, h_t, weight, labels, row_weights, *, temperature, kl_weight, ignore_index,
                  want_argmax=False, chunk_size=None, row_group=1, block_size=None, num_warps=None,
-                 need_grad_h=True, need_grad_w=False):
+                 seg_size=None, need_grad_h=True, need_grad_w=False):
         n_rows = h_s.shape[0]
         vocab = weight.shape[0]
         device = h_s.device
@@ -246,6 +337,7 @@ class ChunkLoop:
         self.has_kl = kl_weight != 0
         self.has_ce = kl_weight != 1
         self.separate_t = self.has_kl and temperature != 1.0
+        self.square_t = self.has_kl and temperature == 2.0
         self.valid = labels != ignore_index
         self.weight_fn = row_weights if callable(row_weights) else None
         if self.weight_fn is None:
@@ -256,8 +348,6 @@ class ChunkLoop:
             if n_rows % row_group:
                 raise ValueError(f"{n_rows} rows are not whole groups of row_group={row_group}")
             self.scale = torch.empty(n_rows, dtype=torch.float32, device=device)
-        self.norms = torch.empty((n_rows if self.weight_fn is not None else 1), 5, dtype=torch.float32,
-                                 device=device)
 
         if chunk_size is None:
             chunk_size = default_chunk_size(n_rows, vocab, h_s.element_size(), self.has_kl)
@@ -265,9 +355,16 @@ class ChunkLoop:
         if self.weight_fn is not None:  # a chunk holds whole groups
             chunk_size = max(row_group, chunk_size // row_group * row_group)
         self.chunk_size = chunk_size
-        block, default_warps = _launch_config(vocab, device)
+        block, default_warps, seg = _launch_config(vocab, device)
         self.block = block_size or block
         self.num_warps = num_warps or default_warps
+        if seg_size is None:  # the interpreter: two blocks per segment, so both merges run
+            seg_size = 2 * self.block if device.type == "cpu" else seg
+        seg = seg_size
+        self.seg = max(self.block, seg // self.block * self.block)
+        self.n_seg = triton.cdiv(vocab, self.seg)
+        self.parts = torch.empty(chunk_size, self.n_seg, _NPART, dtype=torch.float32, device=device)
+        self.norms = torch.empty(chunk_size, 5, dtype=torch.float32, device=device)
 
         self.bounds = [(s, min(s + chunk_size, n_rows)) for s in range(0, n_rows, chunk_size)]
         self.workspace = torch.empty((2 if self.has_kl else 1) * chunk_size, vocab, dtype=h_s.dtype, device=device)
@@ -276,7 +373,7 @@ class ChunkLoop:
         self.argmax = torch.empty(n_rows if want_argmax else 1, dtype=torch.int32, device=device)
         self.grad_h = torch.empty_like(h_s) if need_grad_h else None
         self.grad_w = torch.zeros_like(weight) if need_grad_w else None
-        self.kernel = _row_kernel_for(device)
+        self.kernels = _row_kernels_for(device)
         self.weight_t = weight.t()
 
     def __len__(self):
@@ -296,21 +393,31 @@ class ChunkLoop:
 
     def _launch(self, k, which):
         start, end, z_s, z_t = self._views(k)
-        two = self.weight_fn is not None
+        rows = end - start
+        stats, finish, grad = self.kernels
+        inv_t = 1.0 / self.temperature
+        consts = dict(HAS_KL=self.has_kl, SEPARATE_T=self.separate_t)
         try:
-            self.kernel[(end - start,)](
-                z_s, z_t, z_s.stride(0), z_t.stride(0),
-                self.labels[start:end], self.scale[start:end],
-                self.row_ce[start:end], self.row_kl[start:end],
-                self.argmax[start:end] if self.want_argmax else self.argmax,
-                self.norms[start:end] if two else self.norms,
-                self.vocab, 1.0 / self.temperature, 1.0 - self.kl_weight, self.kl_weight * self.temperature,
-                self.ignore_index,
-                HAS_KL=self.has_kl, HAS_CE=self.has_ce, SEPARATE_T=self.separate_t,
-                WRITE_ARGMAX=self.want_argmax, BLOCK=self.block, PASS=which, num_warps=self.num_warps,
-            )
+            if which == 1:
+                stats[(rows, self.n_seg)](
+                    z_s, z_t, z_s.stride(0), z_t.stride(0), self.labels[start:end], self.parts,
+                    self.vocab, self.seg, inv_t, self.ignore_index,
+                    SQUARE_T=self.square_t, WRITE_ARGMAX=self.want_argmax, BLOCK=self.block,
+                    num_warps=self.num_warps, **consts)
+                finish[(rows,)](
+                    self.parts, self.n_seg, self.labels[start:end], self.row_ce[start:end],
+                    self.row_kl[start:end], self.argmax[start:end] if self.want_argmax else self.argmax,
+                    self.norms, self.vocab, inv_t, self.ignore_index,
+                    WRITE_ARGMAX=self.want_argmax, SEG_P2=triton.next_power_of_2(self.n_seg), num_warps=1,
+                    **consts)
+            else:
+                grad[(rows, self.n_seg)](
+                    z_s, z_t, z_s.stride(0), z_t.stride(0), self.labels[start:end], self.scale[start:end],
+                    self.norms, self.vocab, self.seg, inv_t, 1.0 - self.kl_weight,
+                    self.kl_weight * self.temperature, HAS_CE=self.has_ce, SQUARE_T=self.square_t,
+                    BLOCK=self.block, num_warps=self.num_warps, **consts)
         except Exception as exc:
-            if _interpreted_kernel is None or self.kernel is not _interpreted_kernel:
+            if _interpreted_kernels is None or self.kernels is not _interpreted_kernels:
                 raise
             # Recent Triton cannot interpret a kernel whose triton.language helpers were compiled.
             raise RuntimeError(
@@ -319,14 +426,14 @@ class ChunkLoop:
             ) from exc
 
     def rows(self, k):
-        """The row kernel on chunk k: statistics, then d loss / d z_s in place of the student logits."""
-        if self.weight_fn is None:
-            self._launch(k, 0)
-            return
-        start, end = self.bounds[k]
+        """The row kernels on chunk k: statistics (per segment, then merged per row), then
+        d loss / d z_s in place of the student logits. A weight function runs in between, on the
+        chunk's CE."""
         self._launch(k, 1)
-        w = self.weight_fn(self.row_ce[start:end], start, end).reshape(-1).to(torch.float32)
-        self.scale[start:end] = torch.where(self.valid[start:end], w, 0.0)
+        if self.weight_fn is not None:
+            start, end = self.bounds[k]
+            w = self.weight_fn(self.row_ce[start:end], start, end).reshape(-1).to(torch.float32)
+            self.scale[start:end] = torch.where(self.valid[start:end], w, 0.0)
         self._launch(k, 2)
 
     def grads(self, k):  # the workspace's student half now holds d loss / d z_s for these rows
@@ -358,10 +465,10 @@ class ChunkLoop:
 class _FusedLinearDistillLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_s, h_t, weight, labels, row_weights, temperature, kl_weight, ignore_index,
-                want_argmax, chunk_size, block_size, num_warps, row_group):
+                want_argmax, chunk_size, block_size, num_warps, row_group, seg_size):
         loop = ChunkLoop(h_s, h_t, weight, labels, row_weights, temperature=temperature, kl_weight=kl_weight,
                          ignore_index=ignore_index, want_argmax=want_argmax, chunk_size=chunk_size,
-                         row_group=row_group, block_size=block_size, num_warps=num_warps,
+                         row_group=row_group, block_size=block_size, num_warps=num_warps, seg_size=seg_size,
                          need_grad_h=ctx.needs_input_grad[0], need_grad_w=ctx.needs_input_grad[2])
         loop.run()
         loss, inv_norm = loop.loss()
@@ -385,7 +492,7 @@ class _FusedLinearDistillLoss(torch.autograd.Function):
 
         # Out of place so that a retained graph can be backpropagated more than once.
         return (scaled(grad_h), None, scaled(grad_w), None, None, None, None, None, None, None, None, None,
-                None)
+                None, None)
 
 
 def prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights, *, temperature,
@@ -430,6 +537,7 @@ def triton_fused_linear_distill_loss(
     chunk_size: int | None = None,
     block_size: int | None = None,
     num_warps: int | None = None,
+    seg_size: int | None = None,
 ):
     """The fused path. Same contract as :func:`flashfleet_kernels.fused_linear_distill_loss`.
 
@@ -444,7 +552,7 @@ def triton_fused_linear_distill_loss(
                                             temperature=temperature, kl_weight=kl_weight, row_group=row_group)
     loss, row_ce, correct = _FusedLinearDistillLoss.apply(
         h_s, h_t, weight, y, w, float(temperature), float(kl_weight), int(ignore_index),
-        bool(return_row_stats), chunk_size, block_size, num_warps, int(row_group),
+        bool(return_row_stats), chunk_size, block_size, num_warps, int(row_group), seg_size,
     )
     if return_row_stats:
         return loss, row_ce, correct

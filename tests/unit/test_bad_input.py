@@ -481,3 +481,28 @@ def test_kill_mid_prune_is_cleaned_at_the_next_start(trainer_argv, run_copy, cap
     cap = capsys.readouterr()
     assert f"removed {trash}" in cap.out and f"resumed from {ck / 'step-00000002'}" in cap.out
     assert sorted(p.name for p in ck.iterdir()) == ["step-00000003", "step-00000004"]
+
+
+def test_nonfinite_loss_in_a_multi_process_run_exits_65(trainer_argv, run_copy, capsys):
+    """Two target workers feeding a drafter rank process: the rank resumes NaN weights (a checkpoint
+    sealed again after the damage, so it verifies), its first step's loss is NaN: the rank exits 65,
+    the node exits 65 (not 1) naming it, status.json keeps the rank's line, nothing is saved."""
+    import torch
+    from flashfleet.contract import checkpoint as contract
+    from safetensors.torch import load_file, save_file
+
+    ck = run_copy / "checkpoints" / "step-00000002"
+    w = load_file(str(ck / "drafter.safetensors"))
+    save_file({k: torch.full_like(v, float("nan")) for k, v in w.items()}, str(ck / "drafter.safetensors"))
+    contract.write_manifest(ck, 2)
+    argv = trainer_argv("--max-steps", "4", "--save-interval", "1", out=run_copy)
+    argv[argv.index("--target-gpus") + 1] = "cpu,cpu"
+    rc = main(argv)
+    cap = capsys.readouterr()
+    assert rc == EX_NONFINITE, cap.err
+    node_line = [x for x in cap.err.splitlines() if x.startswith(messages.ERROR_PREFIX + "node 0:")]
+    assert node_line and "drafter rank 0 stopped on a non-finite loss" in node_line[-1], cap.err
+    st = json.loads((run_copy / "status.json").read_text())
+    m = messages.NONFINITE_RE.match(st["last_error"])
+    assert st["phase"] == "failed" and m and m.group(2) == "3", st
+    assert [p.name for p in complete_checkpoints(run_copy / "checkpoints")] == ["step-00000001", "step-00000002"]

@@ -14,7 +14,10 @@ device-to-device onto its own GPU. The queue is bounded by the number of outstan
 Failure. Children die with the main process (PR_SET_PDEATHSIG). The main process waits on all
 children's sentinels: a target or drafter that exits before the drafters finished takes the run
 down at once (every child killed, one line naming the worker, its pid and its exit; exit 1;
-rank 0's node records it in status.json). Across nodes the main processes share the c10d
+rank 0's node records it in status.json). A non-finite loss is all-reduced, so every drafter rank
+raises it at the same step, before anything saves that state: the ranks exit 65 (EX_NONFINITE),
+rank 0 having printed and recorded the line, and the node exits 65 too (the unit does not
+restart on it). Across nodes the main processes share the c10d
 TCPStore of the rendezvous: each writes its wall clock there every second (its heartbeat) and
 watches the others'; a node whose heartbeat stands still for --node-timeout seconds, or a
 failure published under the key `failed`, stops every node. Which node went first: when one
@@ -51,7 +54,7 @@ import torch
 import torch.multiprocessing as mp
 from flashfleet.contract import messages
 
-from .config import EX_CONFIG, ConfigError
+from .config import EX_CONFIG, EX_NONFINITE, ConfigError, NonFiniteLoss
 from .feed import QueueFeed
 from .metrics import Status
 from .notify import Notifier
@@ -135,7 +138,8 @@ def target_worker(index, device, args, layer_ids, want_last, requests, replies, 
 
 def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, requests, reply_q, events,
                  stop_event, main_pid, depth, n_procs, crashed_at):
-    """One data-parallel drafter rank in its own process. Exit code: 0, 78 (config), 1 (crash)."""
+    """One data-parallel drafter rank in its own process. Exit code: 0, 78 (config), 65 (a non-finite
+    loss: every rank sees the same all-reduced one and stops at the same step), 1 (crash)."""
     _die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: stop_event.set())  # until the Trainer installs its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -164,6 +168,10 @@ def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, req
     except ConfigError as e:
         print(e.line(), file=sys.stderr, flush=True)
         code = EX_CONFIG
+    except NonFiniteLoss as e:  # run_rank has recorded it in status.json (rank 0)
+        if rank == 0:
+            print(e.line(), file=sys.stderr, flush=True)
+        code = EX_NONFINITE
     except BaseException:
         crashed_at[local_rank] = time.time()  # before anything else: a peer's collective fails right after
         traceback.print_exc()
@@ -360,7 +368,7 @@ class Node:
         return msg if first == self.node else messages.also_went_first(msg, first, first_msg)
 
     def watch(self) -> int:
-        """Until the drafters finish (0), one fails (1 or 78), or another node does (1)."""
+        """Until the drafters finish (0), one fails (1, 78, or 65 on a non-finite loss), or another node does (1)."""
         loaded, ready_pending, ready_sent, last_beat = set(), None, False, 0.0
         procs = {proc.sentinel: c for c in self.children for proc in [c[4]]}
         drafters_left = {c[3] for c in self.children if c[0] == "drafter rank"}
@@ -396,6 +404,9 @@ class Node:
                 if role == "drafter rank" and code == EX_CONFIG:
                     return self.fail(f"node {self.node}: drafter rank {i} stopped on a config error (see above)",
                                      EX_CONFIG)
+                if role == "drafter rank" and code == EX_NONFINITE:
+                    return self.fail(f"node {self.node}: drafter rank {i} stopped on a non-finite loss or gradient "
+                                     "norm (see above; the newest checkpoint is the last good one)", EX_NONFINITE)
                 local = i - self.node * self.D if role == "drafter rank" else None
                 return self.fail(f"node {self.node}: {role} {i} (pid {proc.pid}, {dev}) {_describe_exit(code)}",
                                  at=(self.crashed_at[local] or None) if local is not None else None)
@@ -440,7 +451,11 @@ class Node:
         if publish and self.store is not None and self.beats is not None:
             msg = self._who_went_first(msg, at)
         if self.main:
-            Status(self.args.output_dir, keep=True).update(phase="failed", last_error=msg)
+            st = Status(self.args.output_dir, keep=True)
+            if code == EX_NONFINITE and messages.NONFINITE_RE.match(st.state.get("last_error") or ""):
+                st.update(phase="failed")  # rank 0's own line (which step, which value) stays last_error
+            else:
+                st.update(phase="failed", last_error=msg)
         print(messages.error(msg), file=sys.stderr, flush=True)
         return code
 

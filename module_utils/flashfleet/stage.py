@@ -783,8 +783,8 @@ def _disagree(host, src, errors):
 
 def _check_params(p, host):
     """Options that cannot work, refused before anything is read or written."""
-    def bad(what, fix):
-        return StageError(host, None, what, fix)
+    def bad(what, fix):  # named by the destination it would have written (nothing was)
+        return StageError(host, p["dest"] or p["src"] or "(no dest)", what, fix)
 
     if not p["dest"]:
         raise bad("dest is required", "give dest, the directory to stage into")
@@ -820,7 +820,7 @@ def execute(p: dict, check_mode: bool = False, warn=lambda msg: None) -> dict:
     try:
         given = normalize_manifest(p["manifest"])
     except (ValueError, TypeError) as e:
-        raise StageError(host, None, f"bad manifest: {e}", "give manifest as {relative/path: {size: BYTES, "
+        raise StageError(host, p["dest"], f"bad manifest: {e}", "give manifest as {relative/path: {size: BYTES, "
                          "sha256: HEX}}") from None
     err = dest_problem(host, p["dest"])
     if err:
@@ -925,15 +925,16 @@ def run_module(module) -> None:
     with host, file, problem and fix: an OSError is named by its path, anything else by its type."""
     p = module.params
     host = p.get("host_label") or socket.gethostname()
+    err = None
     try:
         result = execute(p, module.check_mode, module.warn)
     except StageError as e:
-        module.fail_json(msg=str(e), **e.result)
+        err = e
     except OSError as e:
         err = os_error(host, e, p.get("dest"))
-        module.fail_json(msg=str(err), **err.result)
     except Exception as e:  # never a traceback: the answer is always the module's JSON
         err = StageError(host, p.get("dest") or p.get("src"), f"unexpected {type(e).__name__}: {e}",
                          "re-run with -vvv and report it as a flashfleet_stage bug with this message")
+    if err is not None:  # outside the except block: fail_json would attach the traceback there
         module.fail_json(msg=str(err), **err.result)
     module.exit_json(**result)

@@ -1,21 +1,31 @@
 """flashfleet.stage (the flashfleet_stage module's logic): manifest, plan, placement, the
 safetensors check it runs (the contract's), stage() end to end against an in-memory source that
-honours Range requests (skip, resume, refetch, manifest), and execute()'s placement messages."""
+honours Range requests (skip, resume, refetch, manifest), and execute()'s placement messages.
+Bad input against real servers (a loopback HTTP server with scripted faults, moto's S3 server):
+every failure names host, file, problem and fix, only transient errors are retried, and nothing is
+created on refused input; the module as a process and in a real play answers JSON, never a traceback."""
 
 from __future__ import annotations
 
 import hashlib
+import http.server
 import io
 import json
 import os
 import re
+import shutil
 import struct
+import subprocess
+import sys
 import threading
+import urllib.parse
 from pathlib import Path
 
 import flashfleet.stage as fs
 import pytest
 from flashfleet.contract import safetensors
+
+from tests.conftest import ROOT, failure_messages
 
 
 class MemSource:
@@ -458,3 +468,381 @@ def test_a_staged_model_with_a_broken_shard_fails_naming_it(tmp_path):
 def test_bad_options_fail_with_a_message(p, needle):
     with pytest.raises(fs.StageError, match=re.escape(needle)):
         fs.execute(_params(**p))
+
+
+# ---------------------------------------------------------------- bad input, against real servers
+# A loopback HTTP server (Range, HEAD, scripted faults) and moto's S3 server (the real protocol).
+
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        self._serve(body=False)
+
+    def do_GET(self):
+        self._serve(body=True)
+
+    def _serve(self, body):
+        srv = self.server
+        rel = urllib.parse.unquote(self.path.lstrip("/"))
+        rng = self.headers.get("Range")
+        with srv.lock:
+            srv.log.append((self.command, rel, rng))
+            fault = srv.faults.pop(0) if body and srv.faults else None
+        if body is False and srv.no_head:
+            self.send_error(405)
+            return
+        if fault == "503":
+            self.send_error(503)
+            return
+        if rel not in srv.files:
+            self.send_error(404)
+            return
+        data = srv.files[rel]
+        start = int(rng.split("=")[1].rstrip("-")) if rng else 0
+        self.send_response(206 if start else 200)
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        if body:
+            payload = data[start:]
+            if fault == "cut":  # half the bytes, then the connection drops
+                self.wfile.write(payload[: len(payload) // 2])
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
+            self.wfile.write(payload)
+
+
+@pytest.fixture
+def http_source():
+    """(base URL, server): server.files to serve, server.faults (per GET: '503', 'cut'),
+    server.no_head, server.log of (method, name, Range)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.files, srv.faults, srv.log, srv.no_head, srv.lock = {}, [], [], False, threading.Lock()
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/base/", srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture(autouse=True)
+def _no_backoff(monkeypatch):
+    monkeypatch.setattr(fs, "RETRY_BACKOFF_S", 0.0)
+
+
+def _manifest(files, **override):
+    m = {rel: {"size": len(b), "sha256": hashlib.sha256(b).hexdigest()} for rel, b in files.items()}
+    return m | override
+
+
+def _gets(srv):
+    return [(rel, rng) for method, rel, rng in srv.log if method == "GET"]
+
+
+def _assert_fix_line(err, host="gpu01"):
+    r = err.result
+    assert r["host"] == host and r["file"] and r["problem"] and r["fix"], r
+    assert str(err).startswith(f"{host}: ") and ". Fix: " in str(err) and "\n" not in str(err)
+
+
+def test_http_source_stages_and_verifies(tmp_path, http_source):
+    base, srv = http_source
+    srv.files = {"base/a.bin": os.urandom(3000), "base/d/b.bin": b"b" * 10}
+    files = {"a.bin": srv.files["base/a.bin"], "d/b.bin": srv.files["base/d/b.bin"]}
+    dest = tmp_path / "data" / "x"
+    result = fs.execute(_params(src=base, dest=str(dest), manifest=_manifest(files)))
+    assert result["counts"]["downloaded"] == 2 and (dest / "d/b.bin").read_bytes() == b"b" * 10
+    assert fs.execute(_params(src=base, dest=str(dest), manifest=_manifest(files)))["changed"] is False
+
+
+def test_http_404_fails_naming_the_file_and_creates_nothing(tmp_path, http_source):
+    base, srv = http_source
+    srv.files = {"base/a.bin": b"abc"}
+    dest = tmp_path / "data" / "x"
+    with pytest.raises(fs.StageError) as err:
+        fs.execute(_params(src=base, dest=str(dest), files=["a.bin", "gone.bin"]))
+    _assert_fix_line(err.value)
+    assert err.value.file == "gone.bin" and "HTTP 404" in err.value.problem
+    assert not (tmp_path / "data").exists() and _gets(srv) == []
+
+
+def test_size_from_the_manifest_is_compared_before_downloading(tmp_path, http_source):
+    base, srv = http_source
+    srv.files = {"base/a.bin": b"x" * 100}
+    dest = tmp_path / "data" / "x"
+    with pytest.raises(fs.StageError, match=r"a.bin: source .* disagrees .*source has 100 bytes, the manifest says 90") as err:
+        fs.execute(_params(src=base, dest=str(dest), manifest={"a.bin": {"size": 90}}))
+    _assert_fix_line(err.value)
+    assert _gets(srv) == [] and not (tmp_path / "data").exists()
+
+
+def test_size_of_the_get_is_checked_before_a_byte_is_written(tmp_path, http_source):
+    """No HEAD at the server: the GET's own length is compared before anything is written."""
+    base, srv = http_source
+    srv.files, srv.no_head = {"base/a.bin": b"x" * 100}, True
+    dest = tmp_path / "x"
+    with pytest.raises(fs.StageError, match=r"a.bin: the source has 100 bytes, the manifest says 90; nothing was"):
+        fs.execute(_params(src=base, dest=str(dest), manifest={"a.bin": {"size": 90}}))
+    assert len(_gets(srv)) == 1 and not dest.exists()
+
+
+def test_transient_errors_are_retried_and_a_broken_transfer_resumes(tmp_path, http_source):
+    base, srv = http_source
+    data = os.urandom(200_000)
+    srv.files, srv.faults = {"base/a.bin": data}, ["503", "cut"]
+    dest = tmp_path / "x"
+    result = fs.execute(_params(src=base, dest=str(dest), manifest=_manifest({"a.bin": data}), retries=3))
+    assert (dest / "a.bin").read_bytes() == data and result["counts"]["downloaded"] == 1
+    gets = _gets(srv)
+    assert len(gets) == 3 and gets[0][1] is None and gets[2][1] == f"bytes={len(data) // 2}-"  # resumed
+
+
+def test_transient_errors_give_up_after_retries_keeping_the_part(tmp_path, http_source):
+    base, srv = http_source
+    data = os.urandom(100_000)
+    srv.files, srv.faults = {"base/a.bin": data}, ["cut", "503"]
+    with pytest.raises(fs.StageError, match=r"a.bin: 2 attempt\(s\) failed: .*HTTP 503.*Fix: .*resumed") as err:
+        fs.execute(_params(src=base, dest=str(tmp_path / "x"), manifest=_manifest({"a.bin": data}), retries=2))
+    _assert_fix_line(err.value)
+    assert (tmp_path / "x" / ("a.bin" + fs.PART_SUFFIX)).stat().st_size == len(data) // 2  # resumable
+
+
+def test_checksum_mismatch_from_a_real_server_is_not_retried(tmp_path, http_source):
+    base, srv = http_source
+    srv.files = {"base/a.bin": b"y" * 100}
+    with pytest.raises(fs.StageError, match="do not match.*not retried") as err:
+        fs.execute(_params(src=base, dest=str(tmp_path / "x"), retries=3,
+                           manifest={"a.bin": {"size": 100, "sha256": "0" * 64}}))
+    _assert_fix_line(err.value)
+    assert len(_gets(srv)) == 1 and list((tmp_path / "x").iterdir()) == []
+
+
+def test_unreachable_source_fails_after_retries_creating_nothing(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(fs.StageError, match=r"a.bin: 2 attempt\(s\) failed: cannot reach") as err:
+        fs.execute(_params(src=f"http://127.0.0.1:{port}/", dest=str(tmp_path / "x"), files=["a.bin"], retries=2))
+    _assert_fix_line(err.value)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    url = f"http://127.0.0.1:{srv._server.server_address[1]}"
+    client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                          aws_access_key_id="test", aws_secret_access_key="test")
+    client.create_bucket(Bucket="ff-data")
+    client.put_object(Bucket="ff-data", Key="tok/a.bin", Body=b"a" * 1000)
+    client.put_object(Bucket="ff-data", Key="tok/b.bin", Body=b"b" * 10)
+    yield url
+    srv.stop()
+
+
+def _s3(url, **kw):
+    return _params(endpoint_url=url, access_key="test", secret_key="test", **kw)
+
+
+def test_s3_stages_and_checks_the_etag(tmp_path, s3_server):
+    dest = tmp_path / "tok"
+    result = fs.execute(_s3(s3_server, src="s3://ff-data/tok", dest=str(dest)))
+    assert result["counts"]["downloaded"] == 2 and (dest / "a.bin").read_bytes() == b"a" * 1000
+
+
+def test_s3_size_other_than_the_manifest_is_refused_before_writing(tmp_path, s3_server):
+    dest = tmp_path / "tok"
+    with pytest.raises(fs.StageError, match="a.bin: source s3://ff-data/tok disagrees with the manifest: "
+                                            "a.bin: the source has 1000 bytes, the manifest says 999") as err:
+        fs.execute(_s3(s3_server, src="s3://ff-data/tok", dest=str(dest), manifest={"a.bin": {"size": 999}}))
+    _assert_fix_line(err.value)
+    assert not dest.exists()
+
+
+def test_s3_missing_bucket_fails_and_creates_nothing(tmp_path, s3_server):
+    dest = tmp_path / "tok"
+    with pytest.raises(fs.StageError, match="bucket 'ff-nothing' does not exist") as err:
+        fs.execute(_s3(s3_server, src="s3://ff-nothing/tok", dest=str(dest)))
+    _assert_fix_line(err.value)
+    assert not dest.exists()
+
+
+# ---------------------------------------------------------------- the destination and the options
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"retries": 0}, "retries 0 is below 1"),
+    ({"concurrency": 300}, "concurrency 300 is outside 1-256"),
+    ({"free_margin_ratio": 1.5}, "free_margin_ratio 1.5 is outside [0, 1)"),
+    ({"free_margin_bytes": -1}, "free_margin_bytes -1 is negative"),
+    ({"fallback_dest": "rel/dir"}, "fallback_dest 'rel/dir' is not an absolute path"),
+    ({"manifest": {"a": {"size": "many"}}}, "bad manifest"),
+    ({"manifest": {"a": "not a dict"}}, "bad manifest"),
+    ({"src": "s3://Bad_Bucket/x"}, "not an s3://bucket/prefix URL"),
+    ({"src": "ftp://h/x"}, "unsupported source"),
+])
+def test_bad_options_create_nothing(tmp_path, bad, needle):
+    dest = tmp_path / "data" / "x"
+    p = _params(dest=str(dest), manifest={"a": {"size": 1}}) | bad
+    with pytest.raises(fs.StageError, match=re.escape(needle)) as err:
+        fs.execute(p)
+    _assert_fix_line(err.value)
+    assert not (tmp_path / "data").exists()
+
+
+def test_relative_dest_is_refused(tmp_path):
+    with pytest.raises(fs.StageError, match="dest 'data/x' is not an absolute path"):
+        fs.execute(_params(dest="data/x", manifest={"a": {"size": 1}}))
+
+
+def test_dest_under_a_file_is_not_a_directory(tmp_path, http_source):
+    base, srv = http_source
+    srv.files = {"base/a.bin": b"abc"}
+    (tmp_path / "blocker").write_text("a file")
+    with pytest.raises(fs.StageError, match="is a file, not a directory") as err:
+        fs.execute(_params(src=base, dest=str(tmp_path / "blocker" / "x"), files=["a.bin"]))
+    _assert_fix_line(err.value)
+    assert err.value.file == str(tmp_path / "blocker") and srv.log == []  # refused before the source is asked
+
+
+def test_an_os_error_while_writing_is_named(tmp_path, http_source):
+    """Something in the way of the partial file (here a directory) is named by path with a fix."""
+    base, srv = http_source
+    srv.files = {"base/a.bin": b"abc"}
+    (tmp_path / "x" / ("a.bin" + fs.PART_SUFFIX)).mkdir(parents=True)
+    with pytest.raises(fs.StageError, match=r"a.bin.flashfleet-part: Is a directory\. Fix: ") as err:
+        fs.execute(_params(src=base, dest=str(tmp_path / "x"), files=["a.bin"]))
+    _assert_fix_line(err.value)
+
+
+def test_verify_only_mismatch_fails_unless_repair(tmp_path):
+    dest = tmp_path / "m"
+    dest.mkdir()
+    (dest / "w.bin").write_bytes(b"changed!")
+    manifest = {"w.bin": {"size": 8, "sha256": hashlib.sha256(b"original").hexdigest()}}
+    with pytest.raises(fs.StageError, match=r"w.bin: 1 staged file\(s\) differ.*left as they are.*repair: true") as err:
+        fs.execute(_params(dest=str(dest), manifest=manifest))
+    _assert_fix_line(err.value)
+    assert err.value.result["mismatched"] == ["w.bin"]
+    assert (dest / "w.bin").read_bytes() == b"changed!" and sorted(os.listdir(dest)) == ["w.bin"]
+    result = fs.execute(_params(dest=str(dest), manifest=manifest, repair=True))
+    assert result["missing"] == ["w.bin"] and result["mismatched"] == ["w.bin"] and result["changed"] is False
+    assert (dest / "w.bin").read_bytes() == b"changed!"  # the caller's copy replaces it; nothing deleted here
+
+
+# The module as a process, as Ansible runs it: its answer is JSON, never a traceback.
+MODULE_RUNNER = r"""
+import json, sys
+import flashfleet.stage as fs
+
+class Module:
+    check_mode = False
+    def __init__(self, params): self.params = params
+    def warn(self, msg): pass
+    def fail_json(self, **kw): print(json.dumps({"failed": True, **kw})); sys.exit(1)
+    def exit_json(self, **kw): print(json.dumps(kw)); sys.exit(0)
+
+fs.run_module(Module(json.loads(sys.argv[1])))
+"""
+
+
+def _run_module_process(params, prefix=(), preexec=None, python=sys.executable, path=ROOT / "module_utils"):
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    r = subprocess.run([*prefix, python, "-c", MODULE_RUNNER, json.dumps(params)], capture_output=True,
+                       text=True, env=env, preexec_fn=preexec, timeout=60)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_read_only_destination_is_a_json_failure(tmp_path):
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("no mount namespace here to make a read-only file system")
+    manifest = {"a": {"size": 1}}
+    params = _params(dest=str(mnt / "data" / "x"), manifest=manifest)
+    rc, out = _run_module_process(params, prefix=(
+        "unshare", "--mount", "--map-root-user", "sh", "-c", f"mount -t tmpfs -o ro none {mnt} && exec \"$@\"", "sh"))
+    assert rc == 1 and out["failed"]
+    assert out["file"] == str(mnt) and out["problem"] == "is on a read-only file system" and out["host"] == "gpu01"
+    assert "writable file system" in out["fix"]
+
+
+def test_permission_denied_destination_is_a_json_failure(tmp_path):
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="ff-stage-perm-"))  # traversable by another user, unlike tmp_path
+    try:
+        top.chmod(0o755)
+        locked = top / "locked"
+        locked.mkdir(mode=0o555)
+        locked.chmod(0o555)
+        preexec, python, path = None, sys.executable, ROOT / "module_utils"
+        if os.geteuid() == 0:  # root writes anywhere: the module runs as nobody, as without become
+            def preexec():
+                os.setgid(65534)
+                os.setuid(65534)
+            python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+            if not python:
+                pytest.skip("no system python3 that another user may run")
+            shutil.copytree(ROOT / "module_utils" / "flashfleet", top / "mu" / "flashfleet")
+            path = top / "mu"
+        params = _params(dest=str(locked / "x"), manifest={"a": {"size": 1}})
+        rc, out = _run_module_process(params, preexec=preexec, python=python, path=path)
+        assert rc == 1 and out["file"] == str(locked) and "permission denied" in out["problem"]
+        assert "become: true" in out["fix"] and not (locked / "x").exists()
+    finally:
+        (top / "locked").chmod(0o755)
+        shutil.rmtree(top)
+
+
+def test_module_in_a_real_play_answers_json_for_every_bad_input(tmp_path, run_playbook, http_source):
+    """flashfleet_stage as Ansible runs it (the package shipped with it): each bad input is a failed
+    task with host, file, problem and fix, no module traceback, and nothing created."""
+    base, srv = http_source
+    srv.files = {"base/a.bin": b"abc"}
+    (tmp_path / "blocker").write_text("a file")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "w.bin").write_bytes(b"changed!")
+    cases = {
+        "not-a-directory": {"src": base, "dest": str(tmp_path / "blocker" / "x"), "files": ["a.bin"]},
+        "404": {"src": base, "dest": str(tmp_path / "d404"), "files": ["gone.bin"]},
+        "size": {"src": base, "dest": str(tmp_path / "dsize"), "manifest": {"a.bin": {"size": 4}}},
+        "retries": {"src": base, "dest": str(tmp_path / "dret"), "files": ["a.bin"], "retries": 0},
+        "verify-only": {"dest": str(tmp_path / "m"), "manifest": {"w.bin": {"size": 8, "sha256": "0" * 64}}},
+    }
+    play = [{"hosts": "all", "gather_facts": False, "tasks": [
+        {"name": name, "flashfleet_stage": {**args, "host_label": "gpu01"}, "ignore_errors": True}
+        for name, args in cases.items()]}]
+    (tmp_path / "play.yml").write_text(json.dumps(play))
+    inventory = tmp_path / "hosts.json"
+    inventory.write_text(json.dumps({"all": {"hosts": {"here": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    r = run_playbook(tmp_path / "play.yml", inventory,
+                     envvars={"ANSIBLE_LIBRARY": str(ROOT / "roles/dataset/library")})
+    failed = {ev["event_data"]["task"]: ev["event_data"]["res"] for ev in r.events
+              if ev.get("event") == "runner_on_failed"}
+    assert sorted(failed) == sorted(cases), failure_messages(r)
+    for name, res in failed.items():
+        assert "Traceback" not in json.dumps(res) and "module_stderr" not in res, (name, res)
+        assert res["host"] == "gpu01" and res["file"] and res["problem"] and res["fix"], (name, res)
+        assert res["msg"].startswith("gpu01: ") and "Fix: " in res["msg"], (name, res)
+    assert "is a file, not a directory" in failed["not-a-directory"]["problem"]
+    assert "HTTP 404" in failed["404"]["problem"] and "retries 0" in failed["retries"]["problem"]
+    assert "3 bytes, the manifest says 4" in failed["size"]["problem"]
+    assert failed["verify-only"]["mismatched"] == ["w.bin"] and (tmp_path / "m" / "w.bin").read_bytes() == b"changed!"
+    for d in ("d404", "dsize", "dret"):
+        assert not (tmp_path / d).exists()

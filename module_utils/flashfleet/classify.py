@@ -989,6 +989,13 @@ def classify(evidence: dict) -> dict:
         warnings.append(f"nvidia-smi failed: {str(gpu.get('error') or '?').splitlines()[0][:200]}")
 
     finding = _decide(evidence, run, unit, props, status, invocations, warnings)
+    deaths = death_rows(evidence)
+    if finding.verdict == "running" and not finding.extra.get("previous") and deaths:
+        # The journal has moved on (rotated, or cut at its line cap): the death recorded at the time says it.
+        last = deaths[-1]
+        finding.extra["previous"] = {"verdict": last["verdict"], "reason": last["reason"], "evidence": [],
+                                     "ended_at": last["ended_at"], "action": last["action"], "record": last["record"]}
+        finding.reason += f"; last recorded death ({last['record']}): {last['verdict']} ({last['reason']})"
     out = {
         "schema": SCHEMA,
         "run": run,
@@ -1001,11 +1008,26 @@ def classify(evidence: dict) -> dict:
         # When the unit's main process last ended (epoch seconds), for ordering failures across hosts.
         "ended_at": parse_systemd_time(props.get("ExecMainExitTimestamp")),
         "warnings": warnings,
+        # Every death the host recorded at the moment it happened (deaths/, flashfleet.death), oldest first.
+        "deaths": deaths,
         "classified_at": time.time(),
     }
     if out.get("next_step"):
         out["next_step"] = out["next_step"].replace("RUN", run).replace("UNIT", unit)
     return out
+
+
+def death_rows(evidence: dict) -> list[dict]:
+    """One row per death record in the evidence (deaths.records): the verdict made at the time."""
+    rows = []
+    for rec in (evidence.get("deaths") or {}).get("records") or []:
+        v = rec.get("verdict") if isinstance(rec.get("verdict"), dict) else {}
+        death = v.get("death") if isinstance(v.get("death"), dict) else {}
+        rows.append({"record": rec.get("name"), "verdict": v.get("verdict") or "unreadable",
+                     "reason": v.get("reason") or rec.get("error") or "", "action": v.get("action"),
+                     "result": death.get("result"), "ended_at": v.get("ended_at"),
+                     "recorded_at": death.get("recorded_at")})
+    return rows
 
 
 def _decide(evidence, run, unit, props, status, invocations, warnings) -> Finding:

@@ -199,7 +199,7 @@ def record(params: dict, environ=None, now: float | None = None, log=print) -> d
     return {"recorded": path, "skipped": None, "verdict": verdict, "webhook": sent}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m flashfleet.death", description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True)
     ap.add_argument("--output-dir", required=True)
@@ -207,7 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--venv", required=True)
     ap.add_argument("--lock", required=True)
     ap.add_argument("--unit", default=None)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     params = {"run": args.run, "output_dir": args.output_dir, "config_dir": args.config_dir,
               "venv": args.venv, "lock": args.lock, "unit": args.unit}
     if not os.path.isdir(args.output_dir):

@@ -39,6 +39,8 @@ REQUIRED = ("run", "output_dir", "config_dir", "venv", "lock")
 DEFAULTS = {"unit": None, "journal_lines": 2000, "kernel_scan_lines": 20000, "kernel_keep_lines": 500,
             "command_timeout": 5.0, "checksum": False, "shm": "/dev/shm"}
 METRICS_TAIL_BYTES = 65536
+# Death records (deaths/) listed in the evidence, newest first kept.
+DEATHS_KEEP = 50
 
 UNIT_PROPERTIES = (
     "Type", "Restart", "NotifyAccess", "WatchdogUSec", "RestartPreventExitStatus", "OOMPolicy",
@@ -226,6 +228,35 @@ def _size(path):
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+def deaths_state(deaths_dir, keep=DEATHS_KEEP):
+    """The deaths recorded on the host at the moment they happened (flashfleet-verdict@<run>,
+    flashfleet.death), newest `keep`, oldest first: each record's name, path and verdict (its
+    evidence.json stays on the host; diagnose.yml fetches it)."""
+    out = {"dir": deaths_dir, "count": 0, "records": [], "truncated": False}
+    try:
+        names = sorted(n for n in os.listdir(deaths_dir) if not n.startswith("."))
+    except FileNotFoundError:
+        return out
+    except OSError as exc:
+        out["error"] = f"{deaths_dir}: {exc.strerror or exc}"
+        return out
+    names = [n for n in names if os.path.isdir(os.path.join(deaths_dir, n))]
+    out["count"] = len(names)
+    if len(names) > keep:
+        names, out["truncated"] = names[-keep:], True
+    for name in names:
+        path = os.path.join(deaths_dir, name)
+        rec = {"name": name, "path": path, "verdict": None, "error": None,
+               "files": sorted(f for f in os.listdir(path) if not f.startswith("."))}
+        try:
+            with open(os.path.join(path, layout.DEATH_VERDICT)) as f:
+                rec["verdict"] = json.load(f)
+        except (OSError, ValueError) as exc:
+            rec["error"] = f"{layout.DEATH_VERDICT}: {exc}"
+        out["records"].append(rec)
+    return out
 
 
 def status_state(path):
@@ -546,6 +577,7 @@ def gather(params):
     ev["gpu"] = gather_gpu(host)
     ev["venv"] = gather_venv(host, venv, lock)
     ev["disk"] = disk_state(output_dir, p["shm"])
+    ev["deaths"] = deaths_state(os.path.join(output_dir, layout.DEATHS))
     ev["errors"] = errors
     ev["elapsed_s"] = round(time.time() - t0, 3)
     return ev

@@ -506,3 +506,25 @@ def test_nonfinite_loss_in_a_multi_process_run_exits_65(trainer_argv, run_copy, 
     m = messages.NONFINITE_RE.match(st["last_error"])
     assert st["phase"] == "failed" and m and m.group(2) == "3", st
     assert [p.name for p in complete_checkpoints(run_copy / "checkpoints")] == ["step-00000001", "step-00000002"]
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--log-interval", "0"], "--log-interval 0: must be >= 1"),
+    (["--lr", "-1e-3"], "--lr -0.001: must be in (0, 1)"),
+    (["--eval-prompts", "/nonexistent/prompts.jsonl"], "no such file"),
+    (["--wandb-settings", "{not json"], "--wandb-settings is not JSON"),
+    (["--resume", "/nonexistent/step-00000001"], "not auto, never, or an existing checkpoint directory"),
+])
+def test_a_refused_real_start_keeps_the_previous_status_and_writes_nothing(trainer_argv, trainer_tiny, previous_run,
+                                                                          capsys, no_target_load, extra, says):
+    status = (previous_run / "status.json").read_bytes()
+    _both_refuse(trainer_argv(*extra, out=previous_run), capsys,
+                 [trainer_tiny / "model", trainer_tiny / "data", previous_run], says)
+    assert (previous_run / "status.json").read_bytes() == status
+
+
+def test_a_refused_start_creates_no_output_dir(trainer_argv, tmp_path, capsys, no_target_load):
+    out = tmp_path / "new" / "run"
+    assert main(trainer_argv("--log-interval", "0", out=out)) == EX_CONFIG
+    capsys.readouterr()
+    assert not (tmp_path / "new").exists()

@@ -152,3 +152,41 @@ def test_a_dependent_roles_defaults_follow_the_contracts_paths(tmp_path, run_pla
     (ok,) = [ev["event_data"]["res"] for ev in r.events if ev.get("event") == "runner_on_ok"]
     assert ok["msg"] == ["/srv/venv", "/srv/venv", "/srv/venv/bin/python", "/srv/venv", "/srv/runs",
                          "/srv/runs/v2", "flashfleet-train@v2.service"]
+
+
+def _example_on_this_machine(**extravars) -> dict:
+    """inventory/example's hosts reached with the local connection, without become (the checks only read)."""
+    return {"ansible_connection": "local", "ansible_become": False, "ansible_python_interpreter": sys.executable,
+            "vault_s3_access_key": "k", "vault_s3_secret_key": "s", "vault_wandb_api_key": "w", **extravars}
+
+
+def test_provision_refuses_the_examples_empty_checksum_before_any_host_changes(run_playbook):
+    """provision.yml's preflight runs every role's checks on every host first: the example's empty
+    NVIDIA checksums stop the play there, after the kernel role's checks passed on pve1 and before
+    the kernel role (or any other) has done anything. --check is a second guard."""
+    r = run_playbook(ROOT / "provision.yml", ROOT / "inventory/example", cmdline="--check", **_example_on_this_machine())
+    assert r.rc != 0
+    messages = "\n".join(failure_messages(r))
+    assert "pve1: nvidia_driver_modules_sha256 is not a sha256" in messages, messages
+    assert "ct200: nvidia_driver_runfile_sha256 is not a sha256" in messages, messages
+    tasks = [ev["event_data"] for ev in r.events if ev.get("event", "").startswith("runner_on_")]
+    assert {t["play"] for t in tasks} == {"Preflight every role's inputs on every host, before any role changes anything"}
+    assert any(t["host"] == "pve1" and t["task"] == "Check the source settings" for t in tasks), "kernel checks ran first"
+    assert [t for t in tasks if t.get("res", {}).get("changed")] == []
+
+
+def test_provision_preflight_checks_every_role_with_checksums_given(run_playbook):
+    """With the checksums set, the same preflight goes on to the CUDA, Python and dataset checks of
+    the training hosts (ada1 has no NVIDIA driver here: cuda_toolkit_require_driver=false, as for an
+    image build) and passes: every role is checked, nothing changed."""
+    sha = "a" * 64
+    r = run_playbook(ROOT / "provision.yml", ROOT / "inventory/example", cmdline="--check --tags preflight",
+                     **_example_on_this_machine(nvidia_driver_modules_sha256=sha, nvidia_driver_runfile_sha256=sha,
+                                                cuda_toolkit_key_sha256=sha, python_env_base_python=sys.executable,
+                                                cuda_toolkit_require_driver=False))
+    assert r.rc == 0, "\n".join(failure_messages(r))
+    tasks = [ev["event_data"] for ev in r.events if ev.get("event", "").startswith("runner_on_")]
+    checked = {(t["host"], t["role"]) for t in tasks if t.get("role") and t["task"].startswith(("Check", "Fail"))}
+    assert {("pve1", "kernel"), ("pve1", "nvidia_driver"), ("ct200", "nvidia_driver"), ("ct200", "cuda_toolkit"),
+            ("ct200", "python_env"), ("ct200", "dataset"), ("ada1", "python_env")} <= checked, checked
+    assert [t for t in tasks if t.get("res", {}).get("changed")] == []

@@ -1626,6 +1626,35 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+# The evidence document's shape (flashfleet.evidence.gather): the JSON type of each field the
+# classifier reads, where present and not null ("[]": each item of the list).
+EVIDENCE_SHAPE = {
+    "run": str, "unit": str, "host": str, "collected_at": (int, float), "unit_props": dict,
+    "unit_props.properties": dict, "journal": dict, "journal.entries": list, "journal.entries[]": dict,
+    "kernel": dict, "kernel.entries": list, "kernel.entries[]": dict, "status": dict, "status.data": dict,
+    "checkpoints": dict, "checkpoints.newest": dict, "metrics": dict, "metrics.last": dict, "gpu": dict,
+    "gpu.gpus": list, "venv": dict, "venv.drift": list, "venv.drift[]": dict, "cgroup": dict,
+    "cgroup.own": list, "disk": dict, "config": dict, "deaths": dict, "deaths.records": list,
+}
+JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
+
+
+def shape_problem(evidence: dict) -> str | None:
+    """The first field of `evidence` of the wrong JSON type, as 'field is X, not Y'; None if none."""
+    for path, want in EVIDENCE_SHAPE.items():
+        node, items = evidence, path.endswith("[]")
+        for key in path.removesuffix("[]").split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        values = list(enumerate(node)) if items and isinstance(node, list) else [(None, node)]
+        for i, v in values:
+            if v is not None and not isinstance(v, want) or isinstance(v, bool):
+                name = path.replace("[]", f"[{i}]")
+                got = "a boolean" if isinstance(v, bool) else JSON_NAMES.get(type(v), type(v).__name__)
+                wanted = JSON_NAMES[want[0] if isinstance(want, tuple) else want]
+                return f"{name} is {got}, not {wanted}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
@@ -1648,6 +1677,11 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(evidence, dict):
             print(f"{path}: not evidence: a JSON {type(evidence).__name__}, not an object (fix: collect it "
                   "again with diagnose.yml or collect.yml)", file=sys.stderr)
+            return 1
+        problem = shape_problem(evidence)
+        if problem:
+            print(f"{path}: not evidence: {problem} (fix: collect it again with diagnose.yml or collect.yml; "
+                  "an edited file must keep the shape flashfleet_evidence writes)", file=sys.stderr)
             return 1
         result = classify(evidence)
         if not result.get("host"):

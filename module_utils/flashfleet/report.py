@@ -52,6 +52,45 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
+def damaged_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, why) for each non-empty line of a metrics.jsonl that the contract's reader
+    skips: not UTF-8, not JSON, or not a JSON object. None for a missing or unreadable file."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return []
+    out = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)  # as the contract's reader parses it (bytes: UTF-8, -16 or -32)
+        except ValueError:  # also UnicodeDecodeError
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                out.append((n, "not UTF-8"))
+            else:
+                out.append((n, "not JSON"))
+            continue
+        if not isinstance(rec, dict):
+            out.append((n, f"a JSON {type(rec).__name__}, not an object"))
+    return out
+
+
+def metrics_warning(path: Path) -> str | None:
+    """One line naming a metrics file whose lines were skipped, and what to do; None if clean.
+    Decision: the report is still written (a line cut by a crash is normal in an append-only
+    file); the skipped lines are named on stderr and in the report."""
+    bad = damaged_lines(path)
+    if not bad:
+        return None
+    where = "; ".join(f"line {n}: {why}" for n, why in bad[:5]) + ("; ..." if len(bad) > 5 else "")
+    return (f"{path}: skipped {len(bad)} line(s) that are not metrics records ({where}) (fix: nothing if "
+            "it is the last line, cut by a crash; otherwise the file was damaged: collect it again with "
+            "collect.yml)")
+
+
 def read_status(path: Path) -> dict:
     """A host's status record; {} when it is missing or not a status record."""
     try:
@@ -72,7 +111,10 @@ def load_run(run_dir: Path) -> dict[str, dict]:
     hosts = {}
     for d in sorted(p for p in run_dir.iterdir() if p.is_dir()):
         host = {"metrics": read_metrics(d / layout.METRICS), "status": read_status(d / layout.STATUS),
-                "diagnosis": read_json(d / DIAGNOSIS)}
+                "diagnosis": read_json(d / DIAGNOSIS), "warnings": []}
+        warning = metrics_warning(d / layout.METRICS)
+        if warning:
+            host["warnings"].append(warning)
         if host["metrics"] or host["status"] or host["diagnosis"]:
             hosts[d.name] = host
     return hosts
@@ -198,6 +240,10 @@ def render(run: str, hosts: dict[str, dict]) -> str:
         "<h2>Hosts</h2>", '<table id="summary"><thead><tr>' + "".join(f"<th>{e(h)}</th>" for h in HEAD)
         + "</tr></thead><tbody>", *rows, "</tbody></table>", "<h2>Training curves</h2>",
     ]
+    warnings = [w for h in hosts.values() for w in h.get("warnings", [])]
+    if warnings:
+        parts[-1:-1] = ['<h2>Warnings</h2><ul id="warnings">', *(f'<li class="bad">{e(w)}</li>' for w in warnings),
+                        "</ul>"]
     if not figs:
         parts.append("<p>No metrics records yet.</p>")
     for title, b64 in figs:
@@ -226,7 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.run_dir.is_dir():
         print(f"{args.run_dir}: not a directory {fix}", file=sys.stderr)
         return 2
-    if not load_run(args.run_dir):
+    hosts = load_run(args.run_dir)
+    for d in sorted(p for p in args.run_dir.iterdir() if p.is_dir()):
+        # a host left out for having no readable record is named too (its file may be all bad)
+        for warning in hosts[d.name]["warnings"] if d.name in hosts else filter(None, [metrics_warning(d / layout.METRICS)]):
+            print(f"warning: {warning}", file=sys.stderr)
+    if not hosts:
         print(f"{args.run_dir}: not a run directory: no host directory in it has {layout.METRICS}, "
               f"{layout.STATUS} or {DIAGNOSIS} {fix}", file=sys.stderr)
         return 2

@@ -9,6 +9,11 @@ diagnosis.json (any may be missing), with the run contract's readers and names
 Agg) embedded as base64, so the file opens in any browser, offline, and can be mailed around.
 Needs matplotlib (imported only to plot); nothing else outside the standard library. Runs on the
 controller only.
+
+Damaged input: a metrics.jsonl line that is not UTF-8, not JSON or not an object is skipped (as the
+contract's reader does: a line cut by a crash is normal in an append-only file), and each such
+file is named with its line numbers and the fix, on stderr and in the report; the report is still
+written (exit 0). A directory where nothing is readable is refused (exit 2), the files named.
 """
 
 import argparse

@@ -312,6 +312,11 @@ def main(argv=None):
         try:
             if name.startswith("ours@"):
                 impls.append((name, _ours_file(name[5:], T, a)))
+            elif name.startswith("ours:"):  # ours with launch knobs, e.g. ours:one_logits_gemm=1+chunk_size=768
+                knobs = {k: int(x) for k, x in (kv.split("=") for kv in name[5:].split("+"))}
+                if "one_logits_gemm" in knobs:
+                    knobs["one_logits_gemm"] = bool(knobs["one_logits_gemm"])
+                impls.append((name, _ours(T, a, **{"chunk_size": args.chunk_size, **knobs})))
             else:
                 impls.append((name, makers[name]()))
         except (ImportError, FileNotFoundError) as exc:

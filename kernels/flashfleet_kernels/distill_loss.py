@@ -49,6 +49,10 @@ DEFAULT_WORKSPACE_BYTES = 768 * 1024 * 1024
 # (each row is split into segments swept by programs of their own; see docs/kernels.md).
 ROW_BLOCK, ROW_WARPS, ROW_SEGMENT = 2048, 4, 16384
 
+# Student and teacher logits of a chunk as one M=2C GEMM (their rows copied into a [2C, d] staging
+# buffer first) instead of two M=C GEMMs; see docs/kernels.md for the measurements.
+ONE_LOGITS_GEMM = False
+
 
 # Slots of one (row, vocabulary segment) partial: the stats kernel writes them, the finish kernel merges them.
 _NPART = 8  # m_s, d_1, d_T, m_t, d_t, acc, argmax (as fp32, exact below 2^24), z_y (segment 0 only)
@@ -327,7 +331,7 @@ class ChunkLoop:
 
     def __init__(self, h_s, h_t, weight, labels, row_weights, *, temperature, kl_weight, ignore_index,
                  want_argmax=False, chunk_size=None, row_group=1, block_size=None, num_warps=None,
-                 seg_size=None, need_grad_h=True, need_grad_w=False):
+                 seg_size=None, one_logits_gemm=None, need_grad_h=True, need_grad_w=False):
         n_rows = h_s.shape[0]
         vocab = weight.shape[0]
         device = h_s.device
@@ -374,6 +378,9 @@ class ChunkLoop:
         self.grad_h = torch.empty_like(h_s) if need_grad_h else None
         self.grad_w = torch.zeros_like(weight) if need_grad_w else None
         self.kernels = _row_kernels_for(device)
+        one = ONE_LOGITS_GEMM if one_logits_gemm is None else one_logits_gemm
+        self.stage = (torch.empty(2 * chunk_size, h_s.shape[1], dtype=h_s.dtype, device=device)
+                      if one and self.has_kl and len(self.bounds) > 0 else None)
         self.weight_t = weight.t()
 
     def __len__(self):
@@ -387,6 +394,12 @@ class ChunkLoop:
 
     def logits(self, k):
         start, end, z_s, z_t = self._views(k)
+        c = self.chunk_size
+        if self.stage is not None and end - start == c:  # one GEMM writes both halves of the workspace
+            self.stage[:c].copy_(self.h_s[start:end])
+            self.stage[c:].copy_(self.h_t[start:end])
+            torch.mm(self.stage, self.weight_t, out=self.workspace)
+            return
         torch.mm(self.h_s[start:end], self.weight_t, out=z_s)
         if self.has_kl:
             torch.mm(self.h_t[start:end], self.weight_t, out=z_t)
@@ -465,10 +478,11 @@ class ChunkLoop:
 class _FusedLinearDistillLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_s, h_t, weight, labels, row_weights, temperature, kl_weight, ignore_index,
-                want_argmax, chunk_size, block_size, num_warps, row_group, seg_size):
+                want_argmax, chunk_size, block_size, num_warps, row_group, seg_size, one_logits_gemm):
         loop = ChunkLoop(h_s, h_t, weight, labels, row_weights, temperature=temperature, kl_weight=kl_weight,
                          ignore_index=ignore_index, want_argmax=want_argmax, chunk_size=chunk_size,
                          row_group=row_group, block_size=block_size, num_warps=num_warps, seg_size=seg_size,
+                         one_logits_gemm=one_logits_gemm,
                          need_grad_h=ctx.needs_input_grad[0], need_grad_w=ctx.needs_input_grad[2])
         loop.run()
         loss, inv_norm = loop.loss()
@@ -492,7 +506,7 @@ class _FusedLinearDistillLoss(torch.autograd.Function):
 
         # Out of place so that a retained graph can be backpropagated more than once.
         return (scaled(grad_h), None, scaled(grad_w), None, None, None, None, None, None, None, None, None,
-                None, None)
+                None, None, None)
 
 
 def prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights, *, temperature,
@@ -538,6 +552,7 @@ def triton_fused_linear_distill_loss(
     block_size: int | None = None,
     num_warps: int | None = None,
     seg_size: int | None = None,
+    one_logits_gemm: bool | None = None,
 ):
     """The fused path. Same contract as :func:`flashfleet_kernels.fused_linear_distill_loss`.
 
@@ -552,7 +567,7 @@ def triton_fused_linear_distill_loss(
                                             temperature=temperature, kl_weight=kl_weight, row_group=row_group)
     loss, row_ce, correct = _FusedLinearDistillLoss.apply(
         h_s, h_t, weight, y, w, float(temperature), float(kl_weight), int(ignore_index),
-        bool(return_row_stats), chunk_size, block_size, num_warps, int(row_group), seg_size,
+        bool(return_row_stats), chunk_size, block_size, num_warps, int(row_group), seg_size, one_logits_gemm,
     )
     if return_row_stats:
         return loss, row_ce, correct

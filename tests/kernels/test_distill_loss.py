@@ -315,3 +315,18 @@ def test_reference_matches_hand_written_loop_fp64():
     ref = reference_fused_linear_distill_loss(h_s, h_t, weight, labels, row_weights, temperature=T, kl_weight=a)
     assert ref.dtype == torch.float64
     assert abs(ref.item() - num / den) < 1e-12
+
+
+@needs_triton
+@pytest.mark.parametrize("kl_weight", [0.7, 0.0])
+def test_one_logits_gemm_matches_reference(kl_weight):
+    """Student and teacher logits from one GEMM over a staging buffer (full chunks; the short last
+    chunk takes two GEMMs) give the reference's loss and gradient; without KL there is one GEMM anyway."""
+    inputs = _inputs(torch.float32)
+    kw = dict(temperature=2.0, kl_weight=kl_weight)
+    (loss, ce, _), g, _ = _loss_and_grads(triton_fused_linear_distill_loss, *inputs, chunk_size=16,
+                                          block_size=256, one_logits_gemm=True, **kw)
+    (r_loss, r_ce, _), r_g, _ = _loss_and_grads(reference_fused_linear_distill_loss, *inputs, **kw)
+    torch.testing.assert_close(loss, r_loss, atol=2e-5, rtol=2e-4)
+    torch.testing.assert_close(ce, r_ce, atol=2e-5, rtol=2e-4)
+    torch.testing.assert_close(g, r_g, atol=2e-6, rtol=2e-4)

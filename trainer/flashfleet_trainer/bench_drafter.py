@@ -9,11 +9,18 @@ are re-drawn every step, so the context length changes from step to step as in t
 drafter rows/s (forward + backward, the trainer's `drafter_rows_per_s`), rows/s of the whole step,
 peak memory, and how many graphs torch.compile built (the flex path should build one per shape
 bucket, not one per step). `--profile N` adds a table of GPU time by kind over N more steps.
+
+`--repeats R` times the steps R times in one process and prints the median and spread of the rows/s
+over the repeats, with the host time each step spends preparing its anchors and blocks before the
+GPU gets work (`prep_ms`, median and max). `--prefetch` prepares step n+1's anchors and blocks on a
+worker thread while step n runs on the GPU, so that time leaves the critical path.
 """
 
 import argparse
 import json
+import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import numpy as np
@@ -64,15 +71,22 @@ class Bench:
         if self.dev == "cuda":
             torch.cuda.synchronize()
 
-    def step(self, i, region=None):
-        """One micro-batch + optimizer step; returns (rows, drafter seconds, step seconds)."""
+    def prepare(self, i):
+        """Step i's host work: its anchors and blocks (and the generator the forward goes on with)."""
+        gen = torch.Generator().manual_seed(1000 + i)
+        anchors = sample_anchors(self.masks, self.a.anchors, gen)
+        return gen, build_blocks(self.tokens, self.masks, anchors, self.a.block_size, self.cfg.mask_token_id)
+
+    def step(self, i, region=None, prepared=None):
+        """One micro-batch + optimizer step; returns (rows, drafter seconds, step seconds, prep seconds).
+
+        ``prepared``: a future of :meth:`prepare` for this step, made while the previous step ran."""
         a = self.a
         region = region or (lambda name: torch.autograd.profiler.record_function(name))
         self.sync()
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(1000 + i)
-        anchors = sample_anchors(self.masks, a.anchors, gen)
-        blocks = build_blocks(self.tokens, self.masks, anchors, a.block_size, self.cfg.mask_token_id)
+        gen, blocks = prepared.result() if prepared is not None else self.prepare(i)
+        t_prep = time.perf_counter() - t0
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dev == "cuda"):
             with region("drafter_forward"):
                 student = drafter_hidden(self.drafter, self.embed, self.feats, blocks, 0.0, gen,
@@ -95,17 +109,33 @@ class Bench:
         # the statistics, read once after the optimizer as the trainer does
         torch.cat([loss.detach().double().reshape(1), st["ce"].reshape(1), st["kl"].reshape(1),
                    st["correct"].double(), st["count"].double(), gnorm.double().reshape(1)]).tolist()
-        return blocks.input_ids.numel(), t1 - t0, time.perf_counter() - t0
+        return blocks.input_ids.numel(), t1 - t0, time.perf_counter() - t0, t_prep
+
+    def steps(self, first, count):
+        if not self.a.prefetch:
+            return [self.step(first + i) for i in range(count)]
+        res = []
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            nxt = pool.submit(self.prepare, first)
+            for i in range(count):
+                cur = nxt
+                if i + 1 < count:  # queued now, built while this step's kernels run
+                    nxt = pool.submit(self.prepare, first + i + 1)
+                res.append(self.step(first + i, prepared=cur))
+        return res
 
     def run(self):
         a = self.a
-        for i in range(a.warmup):
-            self.step(i)
+        self.steps(0, a.warmup)
         graphs_after_warmup = compiled_graphs()
         if self.dev == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        res = [self.step(a.warmup + i) for i in range(a.steps)]
-        rows = sum(r[0] for r in res)
+        rates, first = [], a.warmup
+        for _ in range(a.repeats):
+            res = self.steps(first, a.steps)
+            first += a.steps
+            rows = sum(r[0] for r in res)
+            rates.append(rows / sum(r[1] for r in res))
         from . import model
 
         out = {"attn_impl": self.attn_impl, "fused_elementwise": model.FUSE_ELEMENTWISE, "fused_adamw": bool(self.opt.param_groups[0].get("fused")),
@@ -113,7 +143,15 @@ class Bench:
                "drafter_rows_per_s": rows / sum(r[1] for r in res), "step_rows_per_s": rows / sum(r[2] for r in res),
                "drafter_ms": 1e3 * sum(r[1] for r in res) / a.steps, "step_ms": 1e3 * sum(r[2] for r in res) / a.steps,
                "graphs_after_warmup": graphs_after_warmup, "graphs_after_steps": compiled_graphs(),
+               "prefetch": a.prefetch, "prep_ms_median": 1e3 * statistics.median(r[3] for r in res),
+               "prep_ms_max": 1e3 * max(r[3] for r in res),
+               "step_ms_spread": (max(r[1] for r in res) - min(r[1] for r in res)) / statistics.median(r[1] for r in res),
                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if self.dev == "cuda" else None}
+        if a.repeats > 1:
+            med = statistics.median(rates)
+            out["repeats_drafter_rows_per_s"] = [round(r) for r in rates]
+            out["repeats_median_rows_per_s"] = med
+            out["repeats_spread"] = (max(rates) - min(rates)) / med
         print(json.dumps(out), flush=True)
         if a.profile:
             self.profile(a.profile)
@@ -188,6 +226,8 @@ def main(argv=None):
     p.add_argument("--eager-elementwise", action="store_true", help="RMSNorm and RoPE op by op (not compiled)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=1, help="time --steps this many times (median and spread)")
+    p.add_argument("--prefetch", action="store_true", help="prepare step n+1's anchors and blocks during step n")
     p.add_argument("--profile", type=int, default=0, help="profile this many more steps and print GPU time shares")
     p.add_argument("--trace", default=None, help="where to write the profiler's chrome trace")
     a = p.parse_args(argv)

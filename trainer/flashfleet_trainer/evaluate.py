@@ -1,17 +1,37 @@
-"""Real acceptance length tau: greedy speculative decoding of the target with the drafter.
+"""Real acceptance length tau: speculative decoding of the target with the drafter.
 
-One cycle: the anchor is the last committed token (at first the target's own first token after
-the prompt); the drafter proposes B-1 tokens from the target's features of every position
-before the anchor; the target scores [anchor, drafts] in one pass; the longest prefix of drafts
-equal to the target's greedy choices is accepted, plus one bonus token from the target. tau =
-committed tokens / cycles, bonus included, so 1 <= tau <= B. This is the number that matters
-("fixed ground truth" offline accuracies overestimate nothing and underestimate tau by ~1).
+One cycle (sampling.py has the loop and the acceptance rule): the anchor is the last committed
+token (at first the target's own first token after the prompt); the drafter proposes B-1 tokens
+from the target's features of every position before the anchor; the target scores [anchor,
+drafts] in one pass; greedy accepts the longest prefix equal to the target's argmax plus one bonus
+token, sampling (`--temperature`, `--top-p`) applies the speculative-sampling rule, so the output
+is distributed as the target's own sampling. tau = committed tokens / cycles, bonus included, so
+1 <= tau <= B. Offline "fixed ground truth" accuracies underestimate tau by ~1: this is the real one.
+
+Two tau figures, named everywhere: `tau_pooled` (all committed tokens / all cycles; `tau` is the
+same number, the key older readers use) and `tau_prompt_mean` (the mean over prompts of each
+prompt's tau: the figure z-lab and SpecForge publish per benchmark set; it weighs a prompt with few
+long cycles like one with many short ones, so it is usually a little higher). `accept_rate[k-1]`:
+at block position k, accepted drafts / cycles that reached k (every earlier draft accepted).
+
+KV caches (default; `--no-cache` runs the uncached oracle): the target keeps a transformers
+DynamicCache of the committed positions; each cycle feeds only [anchor, drafts] and crops the
+cache back to the committed length after acceptance. The drafter's context feature is shared by
+all its layers and no layer updates it, so each layer's K/V of a context position depends on the
+target's features alone: they are computed once per committed position (`DFlashDrafter.context_kv`)
+and extended each cycle. So a cycle runs the target and the drafter on B positions whatever the
+context length (attention still reads the cached keys, as in any cached decoder). A target whose
+cache cannot be cropped (the recurrent state of Qwen3.5/3.6's Gated-DeltaNet layers) runs
+uncached. The uncached path re-runs the whole sequence each cycle; tests hold the cached one to
+its greedy outputs and cycle counts exactly.
+
+Prompt sets (`load_prompt_sets`): JSONL, one prompt per line, `{"set": NAME, "input_ids": [...]}`
+or `{"set": NAME, "messages": [{"role": ..., "content": ...}, ...]}` (rendered with the target's
+tokenizer and chat template, generation prompt added); without "set" the file's stem names the
+set. `dflash-eval --prompts A.jsonl B.jsonl` reports tau per set and over all of them.
 
 `dflash-eval --drafter DIR` measures a DFlash directory (dflash-export's output, or a published
 drafter of the same format) the same way.
-
-No KV cache: every cycle re-runs the target on the whole sequence. That is exact (and simple)
-and fast enough for evaluation-sized prompts; speed here is not what is being measured.
 """
 
 import argparse
@@ -20,80 +40,248 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from .data import Blocks
 from .loss import IGNORE
 from .model import (
     DFlashDrafter,
     DrafterConfig,
+    block_attention_inputs,
     default_mask_token_id,
     default_target_layers,
     drafter_hidden,
+    layer_windows,
     text_config_of,
 )
+from .sampling import GREEDY, Sampling, Stats, decode
+
+
+class PromptError(ValueError):
+    """A prompt file that cannot be read as prompt sets: what (naming the file and line) and the fix."""
+
+    def __init__(self, what: str, fix: str = "one JSON object per line, {\"set\": NAME, \"input_ids\": [...]} or "
+                 "{\"set\": NAME, \"messages\": [...]}"):
+        super().__init__(f"{what} (fix: {fix})")
+        self.what, self.fix = what, fix
+
+
+def _prompt_ids(rec, where, tokenizer_fn):
+    if isinstance(rec, dict) and "input_ids" in rec:
+        ids = rec["input_ids"]
+        if not (isinstance(ids, list) and ids and all(isinstance(t, int) and t >= 0 for t in ids)):
+            raise PromptError(f"{where}: input_ids must be a non-empty list of token ids (integers >= 0)")
+        return ids
+    if isinstance(rec, dict) and "messages" in rec:
+        msgs = rec["messages"]
+        if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "role" in m and "content" in m
+                                                        for m in msgs)):
+            raise PromptError(f"{where}: messages must be a non-empty list of {{\"role\", \"content\"}} objects")
+        tok = tokenizer_fn()
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        return [int(t) for t in ids]
+    raise PromptError(f"{where}: a prompt line needs \"input_ids\" or \"messages\"")
+
+
+def load_prompt_sets(paths, limit=None, tokenizer=None) -> dict:
+    """{set name: [token id lists]} from JSONL files (format above), at most `limit` prompts per
+    set, sets in order of first appearance. tokenizer: an object with apply_chat_template, or a
+    function returning one (called only when a line has messages). Raises PromptError."""
+    cache = {}
+
+    def tokenizer_fn():
+        if "tok" not in cache:
+            t = tokenizer() if callable(tokenizer) and not hasattr(tokenizer, "apply_chat_template") else tokenizer
+            if t is None or getattr(t, "chat_template", "") is None:
+                raise PromptError("a prompt has messages but the target has no tokenizer with a chat template",
+                                  "give input_ids, or a target directory with its tokenizer")
+            cache["tok"] = t
+        return cache["tok"]
+
+    sets = {}
+    for path in [paths] if isinstance(paths, str | Path) else paths:
+        path = Path(path)
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as e:
+            raise PromptError(f"prompt file {path}: {e.strerror or e}", "give an existing JSONL file") from None
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{i}"
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                raise PromptError(f"{where}: not JSON") from None
+            if not isinstance(rec, dict):
+                raise PromptError(f"{where}: not a JSON object")
+            name = rec.get("set", path.stem)
+            if not isinstance(name, str) or not name:
+                raise PromptError(f"{where}: \"set\" must be a non-empty string")
+            got = sets.setdefault(name, [])
+            if limit is None or len(got) < limit:
+                got.append(_prompt_ids(rec, where, tokenizer_fn))
+    if not sets:
+        raise PromptError(f"no prompts in {', '.join(map(str, [paths] if isinstance(paths, str | Path) else paths))}")
+    return sets
 
 
 def load_prompts(path, limit=None) -> list[list[int]]:
-    prompts = []
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                prompts.append([int(t) for t in json.loads(line)["input_ids"]])
-            if limit is not None and len(prompts) >= limit:
-                break
-    return prompts
+    """The first `limit` prompts of one file (its sets in order), token ids only."""
+    out = []
+    for prompts in load_prompt_sets(path).values():
+        out += prompts
+    return out if limit is None else out[:limit]
 
 
 @torch.no_grad()
-def draft_block(drafter, embed_weight, lm_head_weight, feats, seq, anchor, block_size, mask_token_id):
-    """Greedy drafts for positions anchor+1 .. anchor+B-1 (list of B-1 token ids)."""
+def draft_logits(drafter, embed_weight, lm_head_weight, feats, anchor_token, anchor, block_size, mask_token_id):
+    """The drafter's logits [B-1, V] for positions anchor+1 .. anchor+B-1, from the target's
+    features `feats` [1, >= anchor, n*H] (the uncached path: the whole context every time)."""
     ids = torch.full((1, block_size), mask_token_id, dtype=torch.long)
-    ids[0, 0] = seq[anchor]
+    ids[0, 0] = anchor_token
     blocks = Blocks(seq=torch.zeros(1, dtype=torch.long), anchor=torch.tensor([anchor]), input_ids=ids,
                     labels=torch.full_like(ids, IGNORE), teacher_pos=torch.zeros_like(ids))
     hidden = drafter_hidden(drafter, embed_weight, feats, blocks)
-    logits = hidden[0, 1:] @ lm_head_weight.t().to(hidden.dtype)
-    return logits.argmax(-1).tolist()
+    return hidden[0, 1:] @ lm_head_weight.t().to(hidden.dtype)
+
+
+class UncachedSession:
+    """The oracle: every target pass re-runs the whole sequence, every draft re-reads the whole
+    context."""
+
+    def __init__(self, producer, drafter, mask_id):
+        self.producer, self.drafter, self.mask_id = producer, drafter, mask_id
+        self.block_size = drafter.config.block_size
+        self.seq, self.feats, self.pending = [], None, []
+
+    def _logits(self, last):
+        return last @ self.producer.lm_head_weight.t()
+
+    def start(self, prompt):
+        self.seq = list(prompt)
+        self.feats, last = self.producer.forward(torch.tensor([self.seq]))
+        return self._logits(last[0, -1])
+
+    def draft(self, anchor_token):
+        return draft_logits(self.drafter, self.producer.embed_weight, self.producer.lm_head_weight, self.feats,
+                            anchor_token, len(self.seq), self.block_size, self.mask_id)
+
+    def verify(self, anchor_token, drafts):
+        anchor, self.pending = len(self.seq), [anchor_token, *drafts]
+        self.feats, last = self.producer.forward(torch.tensor([self.seq + self.pending]))
+        return self._logits(last[0, anchor:anchor + self.block_size])
+
+    def commit(self, n):
+        self.seq += self.pending[:n]
+
+
+class CachedSession(UncachedSession):
+    """The target's DynamicCache and the drafter's per-layer context K/V hold the committed
+    positions; each pass runs on the B new positions only."""
+
+    def __init__(self, producer, drafter, mask_id):
+        super().__init__(producer, drafter, mask_id)
+        self.dev = producer.embed_weight.device
+        self.windows = layer_windows(drafter.config)
+        self.cache = self.ctx_kv = None
+        self.n = 0  # committed positions in both caches (= the next anchor's position)
+
+    @staticmethod
+    def supported(producer) -> bool:
+        """Whether the target's cache can be cropped back after a rejection (not a recurrent one)."""
+        from transformers import DynamicCache
+
+        return bool(getattr(DynamicCache(config=producer.config), "is_croppable", True))
+
+    def _extend_context(self, feats, start):
+        pos = torch.arange(start, start + feats.shape[0], device=self.dev)
+        new = self.drafter.context_kv(feats, pos)
+        self.ctx_kv = new if self.ctx_kv is None else [
+            (torch.cat([k0, k1], dim=1), torch.cat([v0, v1], dim=1)) for (k0, v0), (k1, v1) in zip(self.ctx_kv, new,
+                                                                                                    strict=True)]
+
+    def start(self, prompt):
+        from transformers import DynamicCache
+
+        self.cache, self.ctx_kv, self.n = DynamicCache(config=self.producer.config), None, len(prompt)
+        feats, last = self.producer.forward(torch.tensor([list(prompt)]), past_key_values=self.cache)
+        self._extend_context(feats[0], 0)
+        return self._logits(last[0, -1])
+
+    @torch.no_grad()
+    def draft(self, anchor_token):
+        b = self.block_size
+        ids = torch.full((b,), self.mask_id, dtype=torch.long, device=self.dev)
+        ids[0] = anchor_token
+        anchor = torch.tensor([self.n], device=self.dev)
+        zero = torch.zeros(1, dtype=torch.long, device=self.dev)
+        # the uncached path's mask for this block: context 0..n-1 (all cached), the block itself
+        masks = {t: block_attention_inputs(zero, anchor, b, w)[3] for t, w in self.windows.items()}
+        block_pos = torch.arange(self.n, self.n + b, device=self.dev)
+        hidden = self.drafter(F.embedding(ids, self.producer.embed_weight), None, None, block_pos, masks,
+                              ctx_kv=self.ctx_kv)
+        return hidden[1:] @ self.producer.lm_head_weight.t().to(hidden.dtype)
+
+    def verify(self, anchor_token, drafts):
+        self.feats, last = self.producer.forward(torch.tensor([[anchor_token, *drafts]]), past_key_values=self.cache)
+        return self._logits(last[0])
+
+    def commit(self, n):
+        rejected = self.cache.get_seq_length() - (self.n + n)
+        if rejected > 0:  # a negative crop removes that many (transformers 5.x; crop(0) is not a no-op everywhere)
+            self.cache.crop(-rejected)
+        self._extend_context(self.feats[0, :n], self.n)
+        self.n += n
+
+
+def _summary(stats: Stats, per_prompt: list, block_size: int, s: Sampling) -> dict:
+    return {"tau": stats.tau, "tau_pooled": stats.tau,
+            "tau_prompt_mean": sum(per_prompt) / len(per_prompt) if per_prompt else None,
+            "prompts": len(per_prompt), "cycles": stats.cycles, "tokens": stats.tokens, "block_size": block_size,
+            "accept_rate": stats.accept_rate(), "temperature": s.temperature, "top_p": s.top_p}
 
 
 @torch.no_grad()
-def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, mask_token_id=None, trace=None):
-    """Mean tau over prompts (total committed / total cycles) and per-prompt details. With a list
-    `trace`, one dict per prompt is appended to it: `drafts` (each cycle's B-1 proposals),
-    `committed` (tokens committed per cycle, bonus included) and `output` (the generated tokens,
-    the target's first token included)."""
+def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, mask_token_id=None, trace=None,
+                    cache=True, sampling=GREEDY, seed=0):
+    """tau over prompts: `tau_pooled` (= `tau`), `tau_prompt_mean`, `accept_rate`, counts, and
+    `per_prompt` (each prompt's tau). prompts: a list of token id lists, or {set name: such a
+    list}, which adds `sets` {name: the same figures for that set}. cache=False runs the
+    uncached oracle (also the only path for a target whose cache cannot be cropped). Sampling
+    draws from one generator seeded with `seed`. With a list `trace`, one dict per prompt is
+    appended: `drafts` (each cycle's B-1 proposals), `committed` (tokens per cycle, bonus
+    included) and `output` (the generated tokens, the target's first token included)."""
+    was_training = drafter.training
     drafter.eval()
-    embed, head = producer.embed_weight, producer.lm_head_weight
     mask_id = drafter.config.mask_token_id if mask_token_id is None else mask_token_id
-    total_tokens = total_cycles = 0
-    per_prompt = []
-    for prompt in prompts:
-        seq = list(prompt)
-        feats, last = producer.forward(torch.tensor([seq]))
-        seq.append(int((last[0, -1] @ head.t()).argmax()))  # the target's first token: the first anchor
-        tokens = cycles = 0
-        record = {"drafts": [], "committed": []}
-        while tokens < max_new_tokens:
-            anchor = len(seq) - 1
-            drafts = draft_block(drafter, embed, head, feats, seq, anchor, block_size, mask_id)
-            feats, last = producer.forward(torch.tensor([seq + drafts]))
-            greedy = (last[0, anchor:anchor + block_size] @ head.t()).argmax(-1).tolist()
-            n = 0
-            while n < block_size - 1 and drafts[n] == greedy[n]:
-                n += 1
-            seq += drafts[:n] + [greedy[n]]
-            tokens += n + 1
-            cycles += 1
-            record["drafts"].append(drafts)
-            record["committed"].append(n + 1)
-        if trace is not None:
-            trace.append({**record, "output": seq[len(prompt):]})
-        total_tokens += tokens
-        total_cycles += cycles
-        per_prompt.append(tokens / cycles)
-    drafter.train()
-    return {"tau": total_tokens / max(1, total_cycles), "prompts": len(prompts), "cycles": total_cycles,
-            "tokens": total_tokens, "block_size": block_size, "per_prompt": per_prompt}
+    cached = cache and CachedSession.supported(producer)
+    session = (CachedSession if cached else UncachedSession)(producer, drafter, mask_id)
+    dev = producer.embed_weight.device
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(seed)
+    sets = prompts if isinstance(prompts, dict) else {None: prompts}
+    total, per_prompt, by_set = Stats(block_size), [], {}
+    try:
+        for name, group in sets.items():
+            st, taus = Stats(block_size), []
+            for prompt in group:
+                record = {} if trace is not None else None
+                one = decode(session, prompt, max_new_tokens, block_size, sampling, gen, record)
+                if trace is not None:
+                    trace.append(record)
+                st.add(one)
+                taus.append(one.tau)
+            total.add(st)
+            per_prompt += taus
+            by_set[name] = _summary(st, taus, block_size, sampling)
+    finally:
+        drafter.train(was_training)
+    res = {**_summary(total, per_prompt, block_size, sampling), "cached": cached, "per_prompt": per_prompt}
+    if isinstance(prompts, dict):
+        res["sets"] = by_set
+    return res
 
 
 def load_exported_drafter(path, target_model, device="cpu") -> DFlashDrafter:
@@ -108,13 +296,28 @@ def load_exported_drafter(path, target_model, device="cpu") -> DFlashDrafter:
     return drafter.to(device).eval()
 
 
+def _tokenizer_of(target_model):
+    def load():
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(target_model, local_files_only=True)
+        except (OSError, ValueError):
+            return None
+
+    return load
+
+
 def main(argv=None):
     from .checkpoint import complete_checkpoints
     from .config import EX_CONFIG, ConfigError
     from .model import HiddenStateProducer, load_drafter
 
     p = argparse.ArgumentParser(prog="dflash-eval", description="Measure the real acceptance length tau of a "
-                                "drafter checkpoint by greedy speculative decoding with the target (CPU or one GPU).")
+                                "drafter by speculative decoding with the target (CPU or one GPU), greedy or sampled, "
+                                "per prompt set. Prints one JSON line: tau_pooled (= tau: all committed tokens / all "
+                                "cycles), tau_prompt_mean (the mean of per-prompt tau, the published figure), "
+                                "accept_rate per block position, and the same per set under \"sets\".")
     p.add_argument("--target-model", required=True)
     p.add_argument("--checkpoint", default=None, help="checkpoint dir (default: newest complete in --output-dir)")
     p.add_argument("--output-dir", default=None, help="a run directory; its newest complete checkpoint is used")
@@ -123,12 +326,30 @@ def main(argv=None):
     p.add_argument("--random-drafter", action="store_true", help="evaluate an untrained drafter (the baseline)")
     p.add_argument("--block-size", type=int, default=16, help="with --random-drafter")
     p.add_argument("--num-draft-layers", type=int, default=2, help="with --random-drafter")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--prompts", required=True, help="JSONL of {\"input_ids\": [...]}")
-    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0, help="the random drafter's init and the sampling generator")
+    p.add_argument("--prompts", required=True, nargs="+", metavar="JSONL", help="prompt set files: one JSON object "
+                   "per line, {\"set\": NAME, \"input_ids\": [...]} or {\"set\": NAME, \"messages\": [...]} "
+                   "(chat messages, rendered with the target's chat template); no \"set\": the file's stem")
+    p.add_argument("--num-prompts", type=int, default=32, help="prompts per set (the first N)")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0: speculative "
+                   "sampling, the output distributed as the target's sampling at this temperature")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus for sampling, in (0, 1]")
+    p.add_argument("--no-cache", action="store_true", help="re-run the whole sequence every cycle (the oracle the "
+                   "cached evaluator is tested against; slower)")
     p.add_argument("--device", default="cpu")
     a = p.parse_args(argv)
+    try:
+        sampling = Sampling(a.temperature, a.top_p)
+        if a.num_prompts < 1 or a.max_new_tokens < 1:
+            raise ValueError(f"--num-prompts {a.num_prompts} and --max-new-tokens {a.max_new_tokens} must be >= 1")
+        sets = load_prompt_sets(a.prompts, a.num_prompts, _tokenizer_of(a.target_model))
+    except PromptError as e:
+        print(ConfigError(e.what, e.fix).line(), file=sys.stderr)
+        return EX_CONFIG
+    except ValueError as e:
+        print(ConfigError(str(e), "give values in range (dflash-eval --help)").line(), file=sys.stderr)
+        return EX_CONFIG
     if a.random_drafter:
         from transformers import AutoConfig
 
@@ -155,8 +376,8 @@ def main(argv=None):
             ckpt = found[-1]
         drafter = load_drafter(ckpt, a.device)
     producer = HiddenStateProducer(a.target_model, [a.device], drafter.config.target_layer_ids, a.device)
-    res = speculative_tau(producer, drafter, load_prompts(a.prompts, a.num_prompts), drafter.config.block_size,
-                          a.max_new_tokens)
+    res = speculative_tau(producer, drafter, sets, drafter.config.block_size, a.max_new_tokens,
+                          cache=not a.no_cache, sampling=sampling, seed=a.seed)
     res.pop("per_prompt")
     print(json.dumps(res))
     return 0

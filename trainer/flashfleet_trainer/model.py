@@ -388,16 +388,27 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(self.d, c.rms_norm_eps)
         self.k_norm = RMSNorm(self.d, c.rms_norm_eps)
 
-    def forward(self, x, ctx, rope_q, rope_kv, mask):
+    def kv(self, x, rope_x):
+        """K (normed, rotated) and V [nkv, T, d] of rows x [T, H] at the positions of rope_x."""
+        k = self.k_norm(self.k_proj(x).view(-1, self.nkv, self.d)).transpose(0, 1)
+        return apply_rope(k, *rope_x), self.v_proj(x).view(-1, self.nkv, self.d).transpose(0, 1)
+
+    def forward(self, x, ctx, rope_q, rope_kv, mask, ctx_kv=None):
         """x [M, H] block rows; ctx [T, H] context; mask: [M, T+M] bool (True = may attend), or
         {layer type: such a mask}, for the dense path, or a `SparseAttention` for the flex path (the
-        same masks, tile-sparse); this layer uses the one of its own layer type."""
+        same masks, tile-sparse); this layer uses the one of its own layer type. ctx_kv: the
+        context's (K, V) already computed by `kv` (the evaluator's cache; ctx is then unused and
+        rope_kv covers the block rows only)."""
         m = x.shape[0]
-        kv_in = torch.cat([ctx, x], dim=0)
         q = self.q_norm(self.q_proj(x).view(m, self.nh, self.d)).transpose(0, 1)
-        k = self.k_norm(self.k_proj(kv_in).view(-1, self.nkv, self.d)).transpose(0, 1)
-        v = self.v_proj(kv_in).view(-1, self.nkv, self.d).transpose(0, 1)
-        q, k = apply_rope(q, *rope_q), apply_rope(k, *rope_kv)
+        if ctx_kv is None:
+            kv_in = torch.cat([ctx, x], dim=0)
+            k = self.k_norm(self.k_proj(kv_in).view(-1, self.nkv, self.d)).transpose(0, 1)
+            v = self.v_proj(kv_in).view(-1, self.nkv, self.d).transpose(0, 1)
+            q, k = apply_rope(q, *rope_q), apply_rope(k, *rope_kv)
+        else:
+            kb, vb = self.kv(x, rope_kv)
+            q, k, v = apply_rope(q, *rope_q), torch.cat([ctx_kv[0], kb], dim=1), torch.cat([ctx_kv[1], vb], dim=1)
         if isinstance(mask, SparseAttention):
             o = mask.attend(q, k, v, self.layer_type)
             return self.o_proj(o.transpose(0, 1).reshape(m, self.nh * self.d))
@@ -420,8 +431,8 @@ class DraftLayer(nn.Module):
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
-    def forward(self, x, ctx, rope_q, rope_kv, mask):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, mask)
+    def forward(self, x, ctx, rope_q, rope_kv, mask, ctx_kv=None):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, mask, ctx_kv)
         h = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
@@ -442,18 +453,31 @@ class DFlashDrafter(nn.Module):
         if isinstance(mod, nn.Linear):
             nn.init.normal_(mod.weight, std=0.02)
 
-    def forward(self, block_emb, ctx_feat, ctx_pos, block_pos, mask):
+    def forward(self, block_emb, ctx_feat, ctx_pos, block_pos, mask, ctx_kv=None):
         """block_emb [M, H] embedded block rows; ctx_feat [T, n*H] target features; ctx_pos [T],
         block_pos [M] absolute positions; mask [M, T+M] (every layer), {layer type: [M, T+M]}, or a
-        SparseAttention (`drafter_attention` builds the right one). Returns the normed output [M, H]."""
+        SparseAttention (`drafter_attention` builds the right one). ctx_kv: `context_kv`'s list
+        instead of ctx_feat / ctx_pos (the evaluator's cache). Returns the normed output [M, H]."""
+        c = self.config
+        rope_q = rope(block_pos, c.head_dim, c.rope_theta)
+        if ctx_kv is None:
+            ctx = self.hidden_norm(self.fc(ctx_feat.to(self.fc.weight.dtype)))
+            rope_kv, ctx_kv = rope(torch.cat([ctx_pos, block_pos]), c.head_dim, c.rope_theta), [None] * len(self.layers)
+        else:
+            ctx, rope_kv = None, rope_q
+        x = block_emb.to(self.fc.weight.dtype)
+        for layer, kv in zip(self.layers, ctx_kv, strict=True):
+            x = layer(x, ctx, rope_q, rope_kv, mask, kv)
+        return self.norm(x)
+
+    def context_kv(self, ctx_feat, ctx_pos) -> list:
+        """Every layer's (K, V) of context positions: the context feature is shared by all layers
+        and no layer updates it, so these depend on the target's features alone and can be cached
+        and extended position by position (the evaluator does)."""
         c = self.config
         ctx = self.hidden_norm(self.fc(ctx_feat.to(self.fc.weight.dtype)))
-        rope_q = rope(block_pos, c.head_dim, c.rope_theta)
-        rope_kv = rope(torch.cat([ctx_pos, block_pos]), c.head_dim, c.rope_theta)
-        x = block_emb.to(self.fc.weight.dtype)
-        for layer in self.layers:
-            x = layer(x, ctx, rope_q, rope_kv, mask)
-        return self.norm(x)
+        rope_ctx = rope(ctx_pos, c.head_dim, c.rope_theta)
+        return [layer.self_attn.kv(ctx, rope_ctx) for layer in self.layers]
 
 
 def block_attention_inputs(seq, anchor, block_size, sliding_window=None):
@@ -729,8 +753,10 @@ class HiddenStateProducer:
         self.lm_head_weight = model.get_output_embeddings().weight.detach().to(out_device)
 
     @torch.no_grad()
-    def forward(self, input_ids, attention_mask=None, replica=None):
-        """input_ids [S, T] -> (features [S, T, n*H], last normed hidden [S, T, H]) on out_device."""
+    def forward(self, input_ids, attention_mask=None, replica=None, past_key_values=None):
+        """input_ids [S, T] -> (features [S, T, n*H], last normed hidden [S, T, H]) on out_device.
+        past_key_values: a transformers cache to read and extend (the evaluator's; input_ids then
+        continue the cached positions)."""
         if replica is None:
             replica = self._next
             self._next = (self._next + 1) % len(self.replicas)
@@ -742,7 +768,8 @@ class HiddenStateProducer:
             for i in sorted(set(self.layer_ids))]
         try:
             out = decoder(input_ids=input_ids.to(dev),
-                          attention_mask=None if attention_mask is None else attention_mask.to(dev), use_cache=False)
+                          attention_mask=None if attention_mask is None else attention_mask.to(dev),
+                          past_key_values=past_key_values, use_cache=past_key_values is not None)
         finally:
             for h in hooks:
                 h.remove()

@@ -52,7 +52,7 @@ def fused_linear_distill_loss(
             that are not ignored (0 if no weight is left). Or a function ``f(row_ce, start, end)``
             that returns the weights of flattened rows ``start:end`` from their detached fp32 CE
             (weights that depend on the loss's own CE, e.g. streak weights): the Triton path calls
-            it once per chunk between the row kernel's two passes, so it costs no extra logits
+            it once per chunk between the row statistics and the gradient kernel, so it costs no extra logits
             GEMM; it must treat each ``row_group`` consecutive rows on their own. Its results are
             the weights used (keep them if you need them).
         temperature: T, applied to both student and teacher logits in the KL term only.

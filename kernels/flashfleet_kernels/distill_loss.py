@@ -7,19 +7,19 @@ Why this shape of implementation (docs/kernels.md has the longer story):
   cuBLAS, which already runs them near peak; everything else must be cheap and must not store
   ``[N, V]``.
 * Rows are processed in chunks of ``C`` rows. Per chunk, cuBLAS writes student and teacher logits
-  into one fixed ``[2C, V]`` workspace; a Triton kernel (one program per row) makes one online pass
-  over the vocabulary that tracks the student softmax at T=1 (for CE), the student softmax at T
-  and the teacher softmax at T (for KL) together, then a second sweep overwrites the student
+  into one fixed ``[2C, V]`` workspace; a Triton stats kernel (one program per row and vocabulary
+  segment) makes one online pass over its segment that tracks the student softmax at T=1 (for CE),
+  the student softmax at T and the teacher softmax at T (for KL) together, a finish kernel merges
+  each row's segments, then a gradient kernel (again per row and segment) overwrites the student
   logits *in place* with the weighted gradient ``d loss / d z_s``; one more cuBLAS matmul turns
   that into the chunk's rows of ``d loss / d h_s``. The workspace is reused by the next chunk, so
   peak extra memory is the workspace plus the ``[N, d]`` gradient, independent of ``N`` otherwise.
 * Because the gradient is complete after forward, backward only multiplies by the incoming scalar
   gradient. Per-row weights given as a tensor are normalised by their sum before the kernel runs,
   so the gradient written in forward is already the final one. Weights that depend on the rows'
-  own CE (the drafter's streak weights) are given as a function instead: per chunk the row kernel
-  runs its pass 1 (CE, KL, argmax, and the softmax normalisers), the function turns the chunk's
-  CE into its weights, and a second launch runs pass 2 from the stored normalisers with the
-  unnormalised weights; ``1 / sum w'`` then scales the gradient in backward. So the statistics
+  own CE (the drafter's streak weights) are given as a function instead: per chunk the stats and
+  finish kernels give the CE (and KL, argmax, the softmax normalisers), the function turns the
+  chunk's CE into its weights, and the gradient kernel then runs with the unnormalised weights; ``1 / sum w'`` then scales the gradient in backward. So the statistics
   and the weights cost no logits GEMM of their own.
 * The chunk loop is :class:`ChunkLoop` (per chunk: ``logits``, ``rows``, ``grads``); the autograd
   Function runs it, and ``bench --breakdown`` runs the same object with timing marks in between,
@@ -319,10 +319,10 @@ class ChunkLoop:
     """The fused path's work, chunk by chunk: the forward runs it, and so does ``bench --breakdown``.
 
     Per chunk ``k``: :meth:`logits` (cuBLAS writes the chunk's student and teacher logits into the
-    workspace), :meth:`rows` (the Triton row kernel: one launch for tensor weights; for a weight
-    function, pass 1, the weights from the chunk's CE, pass 2), :meth:`grads` (cuBLAS turns the
-    gradient left in the workspace into the chunk's rows of ``dL/dh_s`` and ``dL/dW``). The row
-    kernel is launched from one place only, so the benchmark cannot fall out of step with it.
+    workspace), :meth:`rows` (the Triton row kernels: stats and finish, for a weight function the
+    weights from the chunk's CE, then the gradient), :meth:`grads` (cuBLAS turns the gradient left
+    in the workspace into the chunk's rows of ``dL/dh_s`` and ``dL/dW``). The row kernels are
+    launched from one place only, so the benchmark cannot fall out of step with them.
 
     Inputs as :func:`prepare_inputs` returns them: ``h_s``/``h_t`` ``[N, d]`` in the head's dtype
     (``h_t`` None without KL), ``labels`` int64 ``[N]``, ``row_weights`` ``[N]`` or a function
@@ -558,9 +558,10 @@ def triton_fused_linear_distill_loss(
 
     Hidden states may be ``[..., d]``; they are flattened to rows. They are cast to the head's
     dtype (all matmuls run in it). ``chunk_size`` (rows per chunk), ``block_size`` (vocabulary
-    columns per kernel step) and ``num_warps`` are tuning knobs; the defaults keep the workspace
-    at 768 MiB. With callable ``row_weights`` the row kernel runs as two launches per chunk (its
-    pass 1, the weights from the chunk's CE, its pass 2), and chunks are rounded down to whole
+    columns per kernel step), ``num_warps``, ``seg_size`` (vocabulary columns per segment) and
+    ``one_logits_gemm`` (student and teacher logits as one GEMM) are tuning knobs; the defaults keep
+    the workspace at 768 MiB. With callable ``row_weights`` the weights are computed per chunk
+    between the statistics and the gradient kernels, and chunks are rounded down to whole
     ``row_group``s.
     """
     h_s, h_t, weight, y, w = prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights,

@@ -357,6 +357,15 @@ def _zlab():
     return dflash.model
 
 
+def _zlab_block_logits(model, embed, head, feats, seq, anchor, block_size=4, mask_id=127):
+    """z-lab's DFlashDraftModel drafting the block after `anchor`: logits of its block_size - 1 drafts."""
+    ids = torch.tensor([[seq[anchor]] + [mask_id] * (block_size - 1)])
+    with torch.no_grad():
+        hidden = model(position_ids=torch.arange(anchor + block_size)[None], noise_embedding=embed[ids],
+                       target_hidden=feats[None, :anchor])
+    return hidden[0, 1:] @ head.T
+
+
 def test_zlab_loads_the_export_and_computes_the_same_drafts(run_dir, exported, trainer_tiny):
     zlab = _zlab()
     model = zlab.DFlashDraftModel.from_pretrained(str(exported), dtype=torch.float32).eval()
@@ -367,11 +376,7 @@ def test_zlab_loads_the_export_and_computes_the_same_drafts(run_dir, exported, t
     producer, seq, feats = _inputs(trainer_tiny, mine)
     embed, head = producer.embed_weight, producer.lm_head_weight
     for anchor in (4, len(seq) - 4):
-        ids = torch.tensor([[seq[anchor]] + [127] * 3])
-        with torch.no_grad():
-            hidden = model(position_ids=torch.arange(anchor + 4)[None], noise_embedding=embed[ids],
-                           target_hidden=feats[None, :anchor])
-        theirs = (hidden[0, 1:] @ head.T)
+        theirs = _zlab_block_logits(model, embed, head, feats, seq, anchor)
         torch.testing.assert_close(theirs, project_logits(mine, embed, head, feats, seq, anchor), atol=1e-4, rtol=1e-4)
         ours = project_logits(trained, embed, head, feats, seq, anchor)
         assert (theirs - ours).abs().max() <= 2e-2 * ours.abs().max() + 1e-3
@@ -422,11 +427,8 @@ def test_sliding_layers_export_and_zlab_reads_them_the_same(trainer_tiny, tmp_pa
     producer, seq, feats = _inputs(trainer_tiny, mine)
     embed, head = producer.embed_weight, producer.lm_head_weight
     for anchor in (5, len(seq) - 4):
-        ids = torch.tensor([[seq[anchor]] + [127] * 3])
-        with torch.no_grad():
-            hidden = model(position_ids=torch.arange(anchor + 4)[None], noise_embedding=embed[ids],
-                           target_hidden=feats[None, :anchor])
-        torch.testing.assert_close(hidden[0, 1:] @ head.T, _block_logits(mine, embed, head, feats, seq, anchor),
+        torch.testing.assert_close(_zlab_block_logits(model, embed, head, feats, seq, anchor),
+                                   _block_logits(mine, embed, head, feats, seq, anchor),
                                    atol=1e-4, rtol=1e-4)
 
 

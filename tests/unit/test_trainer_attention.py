@@ -108,6 +108,23 @@ def test_block_mask_lists_exactly_the_tiles_the_mask_touches():
     assert saw_full  # long contexts give whole tiles below every anchor of a row tile
 
 
+def _blocks(rng, lengths=(90, 200, 60), per_seq=12, block_size=4):
+    xs = [rng.integers(0, 50, size=n) for n in lengths]
+    anchors = [np.sort(rng.choice(np.arange(1, len(x) - 1), size=per_seq, replace=False)) for x in xs]
+    return xs, anchors, build_blocks(xs, [np.ones(len(x)) for x in xs], anchors, block_size, 3)
+
+
+def _dense_and_flex(drafter, embed, feats, blocks):
+    """The drafter's hidden states through both attention paths (skips where flex cannot run on CPU)."""
+    with torch.no_grad():
+        dense = drafter_hidden(drafter, embed, feats, blocks, attn_impl="dense")
+        try:
+            flex = drafter_hidden(drafter, embed, feats, blocks, attn_impl="flex")
+        except (NotImplementedError, RuntimeError) as e:  # pragma: no cover - depends on the torch build
+            pytest.skip(f"flex_attention does not run on CPU in torch {torch.__version__}: {e}")
+    return dense, flex
+
+
 @needs_flex
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_forward_matches_dense_on_cpu():
@@ -116,17 +133,9 @@ def test_flex_forward_matches_dense_on_cpu():
                         vocab_size=50)
     torch.manual_seed(0)
     drafter, embed = DFlashDrafter(cfg).eval(), torch.randn(50, 32)
-    rng = np.random.default_rng(1)
-    xs = [rng.integers(0, 50, size=n) for n in (90, 200, 60)]
-    anchors = [np.sort(rng.choice(np.arange(1, len(x) - 1), size=12, replace=False)) for x in xs]
-    blocks = build_blocks(xs, [np.ones(len(x)) for x in xs], anchors, 4, 3)
+    _, anchors, blocks = _blocks(np.random.default_rng(1))
     feats = torch.randn(3, 200, 64)
-    with torch.no_grad():
-        dense = drafter_hidden(drafter, embed, feats, blocks, attn_impl="dense")
-        try:
-            flex = drafter_hidden(drafter, embed, feats, blocks, attn_impl="flex")
-        except (NotImplementedError, RuntimeError) as e:  # pragma: no cover - depends on the torch build
-            pytest.skip(f"flex_attention does not run on CPU in torch {torch.__version__}: {e}")
+    dense, flex = _dense_and_flex(drafter, embed, feats, blocks)
     assert flex.shape == dense.shape
     assert torch.allclose(flex, dense, atol=1e-5, rtol=1e-5)
     # and it is the strict mask: a feature at an anchor of sequence 1 changes nothing for blocks there
@@ -293,12 +302,6 @@ def _mixed_drafter(window, layer_types=("sliding_attention", "full_attention", "
     return DFlashDrafter(cfg).eval(), torch.randn(50, 32)
 
 
-def _blocks(rng, lengths=(90, 200, 60), per_seq=12, block_size=4):
-    xs = [rng.integers(0, 50, size=n) for n in lengths]
-    anchors = [np.sort(rng.choice(np.arange(1, len(x) - 1), size=per_seq, replace=False)) for x in xs]
-    return xs, anchors, build_blocks(xs, [np.ones(len(x)) for x in xs], anchors, block_size, 3)
-
-
 @needs_flex
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("window", [1, 3, 9, 64])
@@ -306,12 +309,7 @@ def test_flex_forward_with_sliding_layers_matches_dense_on_cpu(window):
     drafter, embed = _mixed_drafter(window)
     _, _, blocks = _blocks(np.random.default_rng(window))
     feats = torch.randn(3, 200, 64)
-    with torch.no_grad():
-        dense = drafter_hidden(drafter, embed, feats, blocks, attn_impl="dense")
-        try:
-            flex = drafter_hidden(drafter, embed, feats, blocks, attn_impl="flex")
-        except (NotImplementedError, RuntimeError) as e:  # pragma: no cover - depends on the torch build
-            pytest.skip(f"flex_attention does not run on CPU in torch {torch.__version__}: {e}")
+    dense, flex = _dense_and_flex(drafter, embed, feats, blocks)
     assert torch.allclose(flex, dense, atol=1e-5, rtol=1e-5)
     # the window is in effect: the same drafter with all-full layers computes something else
     full, _ = _mixed_drafter(None, ("full_attention",) * 3)

@@ -271,7 +271,7 @@ def check_data_values(files, vocab: int, budget_tokens: int | None = None) -> st
     src = ("Parquet column statistics" if len(by_stats) == len(files) else
            "read from the data" if not by_stats else f"Parquet column statistics of {len(by_stats)} of "
            f"{len(files)} file(s), the others read")
-    how = f"token ids {lo}..{hi} < vocab {vocab} ({src})"
+    how = f"token ids {lo}..{hi} < vocab {vocab} ({src})" if lo is not None else "no token ids"
     if cut:
         return how + (f"; bounded scan of loss_mask lengths and ids: {read_rows} of {total_rows} rows read "
                       f"({read_tokens} tokens, budget {budget}), the rest is checked when the run loads the data")

@@ -82,14 +82,20 @@ test: venv image
 	bash tests/stages.sh
 
 # Re-resolve the locks after editing requirements/*.in (needs the registries; not part of CI).
+# The host locks carry every wheel's sha256 (--generate-hashes): the controller's download and the
+# hosts' `uv pip sync --require-hashes` install the very bytes locked. torch's +cpu build is hashed
+# from the find-links file it resolves to (FIND_LINKS, default pip's PIP_FIND_LINKS). The
+# controller lock stays unhashed (pins only): it is a pip freeze of the +cpu build, see the README.
+LOCK_FIND_LINKS := $(or $(FIND_LINKS),$(PIP_FIND_LINKS))
+LOCK_COMPILE := $(VENV)/bin/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	  --no-header --annotation-style line --generate-hashes
 lock: venv
-	uv pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
-	  $(if $(FIND_LINKS),--find-links $(FIND_LINKS)) --no-header --annotation-style line \
+	$(LOCK_COMPILE) $(if $(LOCK_FIND_LINKS),--find-links $(LOCK_FIND_LINKS)) \
 	  -c requirements/controller.lock requirements/node-cpu.in -o requirements/node-cpu.lock
+	@sed -i '1i # Generated from requirements/node-cpu.in (constrained by controller.lock) by `make lock`. Do not edit by hand.' requirements/node-cpu.lock
 	@mkdir -p .cache && grep -vE '^(torch|triton)==' requirements/controller.lock > .cache/controller-without-torch.txt
-	uv pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
-	  --no-header --annotation-style line \
-	  -c .cache/controller-without-torch.txt requirements/node-cuda.in -o requirements/node-cuda.lock
+	$(LOCK_COMPILE) -c .cache/controller-without-torch.txt requirements/node-cuda.in -o requirements/node-cuda.lock
+	@sed -i '1i # Generated from requirements/node-cuda.in (constrained by controller.lock, torch aside) by `make lock`. Do not edit by hand.' requirements/node-cuda.lock
 
 clean-node:
 	ansible-playbook playbooks/local_node.yml -e local_node_state=absent

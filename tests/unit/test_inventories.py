@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from flashfleet.contract import locks
 from flashfleet_trainer.config import parse_args
 
 from tests.conftest import ROOT
@@ -62,9 +63,8 @@ def test_example_v2_is_the_incident_run_flag_for_flag():
 
 def test_the_cuda_lock_is_torchs_cuda_13_build_and_shares_every_other_pin_with_the_cpu_lock():
     """The two host profiles may differ only in torch and what its CUDA build pulls in."""
-    def pins(name):
-        lines = (ROOT / "requirements" / name).read_text().splitlines()
-        return dict(line.split("#")[0].strip().split("==") for line in lines if "==" in line.split("#")[0])
+    def pins(name):  # the contract's lock reader: hashes, continuations and markers are part of a lock
+        return locks.parse((ROOT / "requirements" / name).read_text())
 
     cpu, cuda = pins("node-cpu.lock"), pins("node-cuda.lock")
     assert cpu["torch"].endswith("+cpu") and cuda["torch"] == cpu["torch"].removesuffix("+cpu")

@@ -1,0 +1,124 @@
+"""The speculative-sampling rule keeps the target's distribution (sampling.decode, the evaluator's loop).
+
+A toy pair with known distributions: the target is a Markov chain over V tokens (its logits for
+the token after x are log P[x]); the drafter proposes block position k after anchor a from a
+fixed Q[k, a], deliberately unlike P. Whatever the drafter does, the tokens the loop commits must
+be distributed as the target's own sampling (temperature, then top-p), so the first three
+generated tokens must follow P's chain exactly: a chi-square test over the V^3 sequences (cells
+expected fewer than 5 times pooled into one) with a fixed seed, at p = 0.001. The same test run with a broken rule (every draft accepted) must reject, so the test
+can fail.
+"""
+
+import itertools
+import math
+
+import pytest
+import torch
+from flashfleet_trainer import sampling
+from flashfleet_trainer.sampling import Sampling, Stats, decode, probs
+
+V, BLOCK, SAMPLES = 3, 3, 4000
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors: a second thread only adds synchronization, ~10x slower on a busy shared CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def chi2_critical(df, z=3.090):
+    """The chi-square quantile at the normal quantile z (3.090: p = 0.001), Wilson-Hilferty."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+class ToyPair:
+    """A session (start / draft / verify / commit) over a Markov target and a fixed drafter."""
+
+    def __init__(self, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.target = torch.log(torch.rand(V, V, generator=g) + 0.05)  # [prev, next] logits
+        self.draft_logits = 2 * torch.randn(BLOCK - 1, V, V, generator=g)  # [k, anchor, token]
+
+    def start(self, prompt):
+        return self.target[prompt[-1]]
+
+    def draft(self, anchor):
+        return self.draft_logits[:, anchor]
+
+    def verify(self, anchor, drafts):
+        return self.target[torch.tensor([anchor, *drafts])]
+
+    def commit(self, n):
+        pass
+
+
+def _expected(pair, s, x0):
+    p = probs(pair.target, s)
+    return {seq: float(p[x0, seq[0]] * p[seq[0], seq[1]] * p[seq[1], seq[2]])
+            for seq in itertools.product(range(V), repeat=3)}
+
+
+def _chi2(pair, s, x0=0, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    counts = dict.fromkeys(itertools.product(range(V), repeat=3), 0)
+    for _ in range(SAMPLES):
+        rec = {}
+        decode(pair, [x0], 2, BLOCK, s, gen, rec)
+        counts[tuple(rec["output"][:3])] += 1
+    exp = _expected(pair, s, x0)
+    assert math.isclose(sum(exp.values()), 1.0, abs_tol=1e-5)
+    cells = [(counts[k], SAMPLES * e) for k, e in exp.items() if SAMPLES * e >= 5]
+    rest = (SAMPLES - sum(c for c, _ in cells), SAMPLES - sum(e for _, e in cells))
+    cells += [rest] if rest[1] > 1e-9 else []
+    chi2 = sum((c - e) ** 2 / e for c, e in cells)
+    return chi2, chi2_critical(len(cells) - 1), counts, exp
+
+
+def _accept_always(drafts, q, target_logits, s, gen):
+    """The broken rule: every draft accepted, bonus from the target."""
+    return len(drafts), int(torch.multinomial(probs(target_logits, s)[-1], 1, generator=gen))
+
+
+@pytest.mark.parametrize("s,check_broken", [(Sampling(1.0, 1.0), True), (Sampling(0.7, 0.8), False)],
+                         ids=["T1", "T0.7-top_p0.8"])
+def test_speculative_sampling_keeps_the_target_distribution(s, check_broken, monkeypatch):
+    pair = ToyPair()
+    chi2, crit, counts, exp = _chi2(pair, s)
+    assert chi2 < crit, (chi2, crit, counts)
+    # top-p: sequences through a token outside some nucleus have probability 0 and never occur
+    assert all(counts[k] == 0 for k, e in exp.items() if e == 0)
+    if check_broken:  # the same test rejects a rule that accepts every draft
+        monkeypatch.setattr(sampling, "accept", _accept_always)
+        broken, crit, _, _ = _chi2(pair, s)
+        assert broken > 10 * crit, broken
+
+
+def test_greedy_commits_the_target_greedy_chain():
+    pair = ToyPair(seed=1)
+    rec = {}
+    stats = decode(pair, [2], 12, BLOCK, Sampling(), None, rec)
+    chain, x = [], 2
+    for _ in range(len(rec["output"])):
+        x = int(pair.target[x].argmax())
+        chain.append(x)
+    assert rec["output"] == chain
+    assert stats.tokens == sum(rec["committed"]) and stats.cycles == len(rec["committed"])
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    p = probs(torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])), Sampling(1.0, 0.8))
+    assert torch.allclose(p, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+
+
+def test_stats_tau_and_per_position_acceptance():
+    st = Stats(4)
+    for n in (0, 3, 1):  # cycles accepting 0, all 3, and 1 draft
+        st.add_cycle(n)
+    assert st.tau == (1 + 4 + 2) / 3
+    assert st.reached == [3, 2, 1] and st.accepted == [2, 1, 1]
+    assert st.accept_rate() == [2 / 3, 0.5, 1.0]
+    with pytest.raises(ValueError):
+        Sampling(-1.0)

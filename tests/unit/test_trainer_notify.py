@@ -26,10 +26,11 @@ def test_messages_arrive_on_path_socket(tmp_path, monkeypatch):
         assert notify.ready()
         assert notify.watchdog()
         assert notify.stopping()
+        assert notify.extend_timeout(300)
         got = _recv_all(s)
     assert got[0] == "STATUS=target 1/1 loaded"
     assert got[1].split("\n")[0] == "READY=1"
-    assert got[2:] == ["WATCHDOG=1", "STOPPING=1"]
+    assert got[2:] == ["WATCHDOG=1", "STOPPING=1", "EXTEND_TIMEOUT_USEC=300000000"]
 
 
 def test_abstract_socket(monkeypatch):
@@ -55,5 +56,5 @@ def test_null_notifier_sends_nothing(tmp_path, monkeypatch):
         monkeypatch.setenv("NOTIFY_SOCKET", path)
         null = Notifier.null()
         assert isinstance(null, NullNotifier) and isinstance(null, Notifier)
-        assert not any([null.status("x"), null.ready(), null.watchdog(), null.stopping()])
+        assert not any([null.status("x"), null.ready(), null.watchdog(), null.stopping(), null.extend_timeout(1)])
         assert _recv_all(s) == []

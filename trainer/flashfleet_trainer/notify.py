@@ -5,7 +5,7 @@ abstract namespace). Without the variable every call is a no-op, so the same cod
 systemd, in a terminal and in tests. Sending never raises: a vanished socket must not kill a
 training run.
 
-The trainer talks to one type, `Notifier` (status / ready / watchdog / stopping). This base class
+The trainer talks to one type, `Notifier` (status / ready / watchdog / stopping / extend_timeout). This base class
 sends to systemd; `NullNotifier` sends nothing (drafter ranks other than a node's local rank 0);
 topology.py's `QueueNotifier` forwards to the node's main process, which sends for its children.
 """
@@ -46,6 +46,11 @@ class Notifier:
     def stopping(self) -> bool:
         return notify("STOPPING=1")
 
+    def extend_timeout(self, seconds: float) -> bool:
+        """EXTEND_TIMEOUT_USEC: the start (or stop) may take `seconds` more from now; systemd
+        fails it only once both this and the unit's own timeout have passed without a new one."""
+        return notify(f"EXTEND_TIMEOUT_USEC={max(1, int(seconds * 1e6))}")
+
     @staticmethod
     def null() -> "Notifier":
         return NullNotifier()
@@ -64,4 +69,7 @@ class NullNotifier(Notifier):
         return False
 
     def stopping(self) -> bool:
+        return False
+
+    def extend_timeout(self, seconds: float) -> bool:
         return False

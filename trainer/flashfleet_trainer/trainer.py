@@ -35,6 +35,7 @@ from .config import ConfigError, NonFiniteLoss
 from .data import build_blocks, load_data, pack_epoch, sample_anchors
 from .evaluate import load_prompts, speculative_tau
 from .feed import Feed, InProcessFeed
+from .loadwatch import LoadWatch
 from .loss import acceptance_proxy, drafter_loss, get_loss_fn
 from .metrics import MetricsLog, Status, begin_run
 from .model import (
@@ -208,7 +209,8 @@ class Trainer:
             torch.cuda.set_device(self.dev)
         if self.feed is None:
             self.r.notifier.status("loading target")
-            self.feed = InProcessFeed(a, p, self.dev, lambda s: (self.r.notifier.status(s), self.log(s)))
+            with LoadWatch(a.target_model, self.r.notifier, self.status):  # progress; start timeout extended
+                self.feed = InProcessFeed(a, p, self.dev, lambda s: (self.r.notifier.status(s), self.log(s)))
             self.producer = self.feed.producer
             self.embed_weight, self.lm_head_weight = self.feed.embed_weight, self.feed.lm_head_weight
         else:

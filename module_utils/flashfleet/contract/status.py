@@ -9,6 +9,14 @@ train.yml's wait read it (`from_json` in playbooks, `read` here).
     pid                the process systemd watches (the node's main process)
     started, updated   UTC ISO-8601 times
     workers            (multi-process runs) how each rank process ended
+    load               the target's load (phase "loading" and after): LOAD_KEYS, measured by the
+                       trainer (flashfleet_trainer.loadwatch) from the shard pages it has read
+
+The load and the unit's start timeout. While the target loads, the trainer sends systemd
+EXTEND_TIMEOUT_USEC=<LOAD_STALL_S> each time the load has progressed (more of the shards read
+since the last look, every LOAD_TICK_S): a slow load keeps extending TimeoutStartSec, a stuck
+one stops, and systemd fails the start LOAD_STALL_S after the last progress (or at
+TimeoutStartSec, whichever is later). LOAD_STALL_ENV in the unit's environment overrides it.
 """
 
 import datetime as dt
@@ -17,6 +25,12 @@ import math
 import os
 
 from . import files
+
+LOAD = "load"
+LOAD_KEYS = ("shards_loaded", "shards_total", "bytes_loaded", "bytes_total", "elapsed_s", "done")
+LOAD_STALL_S = 300  # no progress for this long: the load is stuck (seconds)
+LOAD_TICK_S = 10  # how often the trainer looks at the load's progress (seconds)
+LOAD_STALL_ENV = "FLASHFLEET_LOAD_STALL_S"
 
 PHASES = ("loading", "training", "saving", "completed", "failed", "stopped")
 FINAL_PHASES = ("completed", "failed", "stopped")  # a run in one of these is over

@@ -3,7 +3,9 @@
     flashfleet-report runs/v2                     # -> runs/v2/report.html
     flashfleet-report runs/v2 -o /tmp/r.html      # (or: python -m flashfleet.report ...)
 
-Reads, per host directory: metrics.jsonl (one record per optimizer step), status.json and
+Reads, per host directory: metrics.jsonl (one record per optimizer step; its history: a
+restart's records supersede what the dead start logged after the resumed checkpoint, and each
+restart is a dotted vertical line on the curves and a row of the restarts table), status.json and
 diagnosis.json (any may be missing), with the run contract's readers and names
 (`contract.metrics.read`, `contract.status.read`, `contract.layout`). Plots are PNGs (matplotlib,
 Agg) embedded as base64, so the file opens in any browser, offline, and can be mailed around.
@@ -135,6 +137,21 @@ def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
+def restart_rows(hosts: dict[str, dict]) -> list[tuple[str, int, int]]:
+    """(host, start number, the step it resumed from) of every restart in the hosts' histories."""
+    return [(name, r[metrics.INVOCATION], r[metrics.STEP])
+            for name, h in hosts.items() for r in metrics.restarts(h["metrics"])]
+
+
+def mark_restarts(ax, hosts: dict[str, dict]) -> None:
+    """A dotted vertical line at each restart's resumed step (labelled once in the legend)."""
+    for i, (name, start, step) in enumerate(restart_rows(hosts)):
+        label = None if i else "restart (resumed here)"
+        ax.axvline(step, color="0.35", linestyle=":", linewidth=1.2, label=label)
+        ax.annotate(f"{name} #{start}" if len(hosts) > 1 else f"#{start}", (step, 1), xycoords=("data", "axes fraction"),
+                    fontsize=7, color="0.35", ha="left", va="top", xytext=(2, -2), textcoords="offset points")
+
+
 def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
@@ -166,6 +183,7 @@ def plots(hosts: dict[str, dict]) -> list[tuple[str, str]]:
         if not drawn:
             plt.close(fig)
             continue
+        mark_restarts(ax, hosts)
         ax.set_title(title)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(ylabel)
@@ -243,12 +261,21 @@ def render(run: str, hosts: dict[str, dict]) -> str:
         f"<h1>Run {e(run)}</h1>",
         f"<p>Generated {e(time.strftime('%Y-%m-%d %H:%M:%S %Z'))} from {len(hosts)} host(s).</p>",
         "<h2>Hosts</h2>", '<table id="summary"><thead><tr>' + "".join(f"<th>{e(h)}</th>" for h in HEAD)
-        + "</tr></thead><tbody>", *rows, "</tbody></table>", "<h2>Training curves</h2>",
+        + "</tr></thead><tbody>", *rows, "</tbody></table>",
     ]
     warnings = [w for h in hosts.values() for w in h.get("warnings", [])]
     if warnings:
         parts[-1:-1] = ['<h2>Warnings</h2><ul id="warnings">', *(f'<li class="bad">{e(w)}</li>' for w in warnings),
                         "</ul>"]
+    restarts = restart_rows(hosts)
+    if restarts:
+        parts += ["<h2>Restarts</h2>", "<p>Each restart resumed from a checkpoint; the records its dead "
+                  "predecessor logged after that step are superseded (the dotted lines on the curves).</p>",
+                  '<table id="restarts"><thead><tr><th>host</th><th>start</th><th>resumed from step</th></tr>'
+                  "</thead><tbody>",
+                  *(f"<tr><td>{e(h)}</td><td>{n}</td><td>{st}</td></tr>" for h, n, st in restarts),
+                  "</tbody></table>"]
+    parts.append("<h2>Training curves</h2>")
     if not figs:
         parts.append("<p>No metrics records yet.</p>")
     for title, b64 in figs:

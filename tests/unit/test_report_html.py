@@ -96,3 +96,34 @@ def test_a_status_json_that_is_not_a_status_record_is_left_out(run_dir):
     assert hosts["gpu01"]["status"] == {} and hosts["gpu01"]["metrics"]
     row = dict(zip(fr.HEAD, fr.summary_rows(hosts)[0], strict=True))
     assert row["phase"] == "-" and row["step"] == "120"  # the step from the newest step record
+
+
+def test_restarts_are_marked_and_superseded_steps_plotted_once(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    run = tmp_path / "v3"
+    (run / "gpu01").mkdir(parents=True)
+    rec = lambda step, inv, loss: json.dumps({"step": step, "invocation": inv, "loss": loss, "lr": 1e-4})  # noqa: E731
+    # start 1 logged steps 1-5 and died (newest checkpoint 3); start 2 resumed from 3
+    lines = [rec(s, 1, 9.0) for s in range(1, 6)] + [rec(s, 2, 1.0) for s in range(4, 8)]
+    (run / "gpu01" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    lines_x, vlines = [], []
+    real_plot, real_axvline = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.axvline
+
+    def plot(self, xs, ys, *a, **kw):
+        lines_x.append((self, list(xs), list(ys)))
+        return real_plot(self, xs, ys, *a, **kw)
+
+    def axvline(self, x=0, *a, **kw):
+        vlines.append((self, x))
+        return real_axvline(self, x, *a, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvline", axvline)
+    text = fr.write_report(run).read_text()
+    loss = next((xs, ys) for _ax, xs, ys in lines_x if 9.0 in ys or 1.0 in ys)
+    assert loss == ([1, 2, 3, 4, 5, 6, 7], [9.0, 9.0, 9.0, 1.0, 1.0, 1.0, 1.0]), "each step once, the newest start's"
+    axes = {ax for ax, _x in vlines}
+    assert {x for _ax, x in vlines} == {3} and len(axes) == len(re.findall(r"<figcaption>", text)) == 2  # loss, lr
+    assert '<table id="restarts">' in text and "<td>gpu01</td><td>2</td><td>3</td>" in text
+    assert re.search(r"<td>gpu01</td>(<td[^>]*>[^<]*</td>){10}<td>7</td>", text), "records: the history's"

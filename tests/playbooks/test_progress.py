@@ -1,0 +1,70 @@
+"""Long steps say how they are doing: progress lines in the play's output while a slow step runs.
+
+A fake slow step (a shell loop writing a line to its log every 2 seconds for 24 seconds) runs as
+an async job on this machine (local connection), and the kernel role's poll (roles/kernel/tasks/
+poll.yml, what the kernel build and the NVIDIA module build wait with) reports on it every second.
+The play's output must show several progress lines, with growing elapsed times and the log's
+latest line, before the step ends; a failing step fails the play with its exit status and log.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+from tests.conftest import failure_messages
+
+
+def _play(tmp_path, run_playbook, script: str):
+    log = tmp_path / "step.log"
+    inventory = tmp_path / "hosts.json"
+    inventory.write_text(json.dumps({"all": {"hosts": {"here": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    playbook = tmp_path / "slow.yml"
+    playbook.write_text(f"""
+- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.set_fact:
+        started: "{{{{ now().timestamp() }}}}"
+    - ansible.builtin.shell: {json.dumps(script.format(log=log))}
+      async: 60
+      poll: 0
+      register: job
+    - ansible.builtin.include_role:
+        name: kernel
+        tasks_from: poll
+      vars:
+        kernel_poll_job: "{{{{ job }}}}"
+        kernel_poll_label: "slow step"
+        kernel_poll_log: "{log}"
+        kernel_poll_started: "{{{{ started }}}}"
+        kernel_poll_delay_s: 1
+""")
+    return run_playbook(playbook, inventory)
+
+
+def _progress(runner) -> list[str]:
+    return [ev["event_data"]["res"]["msg"] for ev in runner.events if ev.get("event") == "runner_on_ok"
+            and ev["event_data"].get("task") == "Say how long it has run"]
+
+
+def test_a_slow_step_reports_elapsed_time_and_its_log_while_it_runs(tmp_path, run_playbook):
+    r = _play(tmp_path, run_playbook, "for i in $(seq 1 12); do echo \"step $i of 12\" >> {log}; sleep 2; done")
+    assert r.rc == 0, "\n".join(failure_messages(r))
+    lines = _progress(r)
+    assert len(lines) >= 2, lines  # each poll costs a few seconds of Ansible itself on a loaded machine
+    elapsed = [int(m) * 60 + int(s) for m, s in (re.search(r"running, (\d+)m(\d+)s elapsed", x).groups() for x in lines)]
+    assert elapsed == sorted(elapsed) and elapsed[-1] > elapsed[0], lines
+    assert all(x.startswith("slow step: running, ") for x in lines)
+    assert any(re.search(r"; log: step \d+ of 12$", x) for x in lines), lines
+    stdout = r.stdout.read()
+    assert "slow step: running, 0m" in stdout  # in the play's own output, not only in events
+
+
+def test_a_failing_slow_step_fails_with_its_exit_status(tmp_path, run_playbook):
+    r = _play(tmp_path, run_playbook, "echo starting >> {log}; sleep 2; echo 'make: *** [vmlinux] Error 2' >&2; exit 2")
+    assert r.rc != 0
+    (msg,) = failure_messages(r)
+    assert msg.startswith("slow step failed (exit 2): make: *** [vmlinux] Error 2") and "step.log" in msg, msg

@@ -29,8 +29,15 @@ STEP_KEYS = (
     "target_s", "drafter_s", "step_s",
     "queue_occupancy", "target_idle_frac", "drafter_idle_frac", "peak_mem_bytes",
 )
-# An evaluation (speculative decoding against the target).
-EVAL_KEYS = ("step", "tau", "prompts", "cycles")
+# An evaluation (speculative decoding against the target; flashfleet_trainer.evaluate): `eval` is
+# "interval" (every --eval-interval steps) or "final"; tau_pooled = all committed tokens / all
+# cycles (`tau` is the same number), tau_prompt_mean = the mean of per-prompt tau (the published
+# figure); accept_rate per block position 1..B-1; eval_s its wall time. With several prompt sets
+# the record also has `sets` {name: the same figures}.
+EVAL_KEYS = (
+    "step", "tau", "tau_pooled", "tau_prompt_mean", "accept_rate", "prompts", "cycles", "tokens", "block_size",
+    "temperature", "top_p", "cached", "eval", "eval_s",
+)
 
 LOSS, TAU, STEP = "loss", "tau", "step"
 INVOCATION = "invocation"  # on every record: the start of the run that wrote it (1 = the first)

@@ -170,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--eval-prompts", default=None, help="JSONL of {\"input_ids\": [...]}; must exist when given (default: <data-dir>/eval/prompts.jsonl if present)")
     e.add_argument("--eval-num-prompts", type=int, default=32, help="prompts to evaluate at the end (>= 0; 0 = no evaluation)")
     e.add_argument("--eval-max-new-tokens", type=int, default=64, help="tokens generated per evaluation prompt (>= 1)")
+    e.add_argument("--eval-interval", type=int, default=500, help="also measure tau every N optimizer steps on the "
+                   "first --eval-interval-prompts held-out prompts (per set), into metrics.jsonl and wandb (>= 0; "
+                   "0 = at the end only; needs the target in this process; docs/trainer.md gives its cost)")
+    e.add_argument("--eval-interval-prompts", type=int, default=8, help="prompts per set of each interval evaluation (>= 1)")
 
     w = p.add_argument_group("logging")
     w.add_argument("--wandb-project", default=None, help="log to wandb too (metrics.jsonl is always written)")
@@ -311,6 +315,8 @@ def validate_numbers(args) -> None:
     at_least("seed", 0, "e.g. 0")
     at_least("eval_num_prompts", 0, "e.g. 32 (0 = no evaluation)")
     at_least("eval_max_new_tokens", 1, "e.g. 64")
+    at_least("eval_interval", 0, "e.g. 500 (0 = at the end only)")
+    at_least("eval_interval_prompts", 1, "e.g. 8")
     at_least("queue_depth", 0, "e.g. --queue-depth 0 (auto)")
     at_least("plan_steps", 1, "e.g. 3")
     at_least("nnodes", 1, "e.g. 1")

@@ -33,7 +33,7 @@ from . import checkpoint as ckpt
 from . import wandb_compat
 from .config import ConfigError, NonFiniteLoss
 from .data import build_blocks, load_data, pack_epoch, sample_anchors
-from .evaluate import load_prompts, speculative_tau
+from .evaluate import load_prompt_sets, speculative_tau
 from .feed import Feed, InProcessFeed
 from .loadwatch import LoadWatch
 from .loss import acceptance_proxy, drafter_loss, get_loss_fn
@@ -455,17 +455,31 @@ class Trainer:
         self.log(f"saved {path}")
         return path
 
-    def evaluate(self):
+    def evaluate(self, num_prompts=None, kind="final"):
+        """tau on the held-out prompts (the first num_prompts of each set, default --eval-num-prompts):
+        evaluate.speculative_tau's figures plus `eval` (final | interval) and `eval_s`, or None."""
         a = self.args
         path = a.eval_prompts or (Path(a.data_dir) / "eval" / "prompts.jsonl")
-        if a.eval_num_prompts <= 0 or not Path(path).is_file():
+        n = a.eval_num_prompts if num_prompts is None else num_prompts
+        if n <= 0 or not Path(path).is_file():
             return None
         if self.producer is None:  # a drafter rank without a target of its own borrows one for evaluation
             self.producer = HiddenStateProducer(a.target_model, [self.dev], self.plan.layer_ids, self.dev)
-        res = speculative_tau(self.producer, self.drafter, load_prompts(path, a.eval_num_prompts), a.block_size,
-                              a.eval_max_new_tokens)
+        t0 = time.perf_counter()
+        sets = load_prompt_sets(path, n)
+        res = speculative_tau(self.producer, self.drafter, sets if len(sets) > 1 else next(iter(sets.values())),
+                              a.block_size, a.eval_max_new_tokens)
         res.pop("per_prompt")
-        return res
+        return {**res, "eval": kind, "eval_s": time.perf_counter() - t0}
+
+    def log_eval(self, res, metrics, wandb_run):
+        metrics.write({"step": self.step, **res})
+        wandb_run.log({"tau_pooled": res["tau_pooled"], "tau_prompt_mean": res["tau_prompt_mean"],
+                       **{f"accept_rate/pos{k + 1}": r for k, r in enumerate(res["accept_rate"]) if r is not None}},
+                      self.step)
+        self.log(f"{res['eval']} evaluation at step {self.step}: tau_pooled {res['tau_pooled']:.3f}, "
+                 f"tau_prompt_mean {res['tau_prompt_mean']:.3f} over {res['prompts']} prompts "
+                 f"(block {self.args.block_size}, {res['cycles']} cycles, {res['eval_s']:.1f} s)")
 
     # ---- the loop ----------------------------------------------------------------------------
     def train(self, metrics, wandb_run, on_step=None) -> str:
@@ -499,6 +513,12 @@ class Trainer:
                          f"lr {rec['lr']:.2e} target {rec['target_tokens_per_s']:.0f} tok/s "
                          f"drafter {rec['drafter_rows_per_s']:.0f} rows/s idle t/d "
                          f"{rec['target_idle_frac']:.2f}/{rec['drafter_idle_frac']:.2f}")
+            if main and a.eval_interval and self.step % a.eval_interval == 0 and self.step < self.total_steps:
+                # in-process target only: borrowing a whole target onto a drafter GPU mid-run could
+                # run it out of memory (the final evaluation, after training, still borrows one)
+                res = self.evaluate(a.eval_interval_prompts, "interval") if self.producer is not None else None
+                if res is not None:
+                    self.log_eval(res, metrics, wandb_run)
             if on_step is not None:
                 on_step(self)
             if self.r.world == 1:
@@ -515,10 +535,7 @@ class Trainer:
             return "stopped"
         res = self.evaluate() if main else None
         if res is not None:
-            metrics.write({"step": self.step, **res})
-            wandb_run.log({"tau": res["tau"]}, self.step)
-            self.log(f"acceptance length tau {res['tau']:.3f} over {res['prompts']} prompts "
-                     f"(block {a.block_size}, {res['cycles']} cycles)")
+            self.log_eval(res, metrics, wandb_run)
         return "completed"
 
 

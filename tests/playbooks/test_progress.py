@@ -68,3 +68,42 @@ def test_a_failing_slow_step_fails_with_its_exit_status(tmp_path, run_playbook):
     assert r.rc != 0
     (msg,) = failure_messages(r)
     assert msg.startswith("slow step failed (exit 2): make: *** [vmlinux] Error 2") and "step.log" in msg, msg
+
+
+def test_waiting_for_a_run_prints_its_phase_and_step(tmp_path, run_playbook):
+    """train.yml -e wait=true (train_unit tasks_from wait): a line with the trainer's status.json
+    phase and step every train_unit_wait_progress_s seconds while a fake trainer advances it."""
+    import subprocess
+
+    run_dir = tmp_path / "runs" / "v2"
+    run_dir.mkdir(parents=True)
+    writer = subprocess.Popen([sys.executable, "-c", f"""
+import json, os, time
+for step in range(1, 9):
+    phase = "completed" if step == 8 else "training"
+    with open({str(run_dir / 'status.tmp')!r}, "w") as f:
+        json.dump({{"phase": phase, "step": step * 10}}, f)
+    os.replace({str(run_dir / 'status.tmp')!r}, {str(run_dir / 'status.json')!r})
+    time.sleep(4)
+"""])
+    try:
+        inventory = tmp_path / "hosts.json"
+        inventory.write_text(json.dumps({"all": {"hosts": {"here": {
+            "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+        playbook = tmp_path / "wait.yml"
+        playbook.write_text("""
+- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role: {name: train_unit, tasks_from: wait}
+""")
+        r = run_playbook(playbook, inventory, train_unit_run="v2", train_unit_runs_root=str(tmp_path / "runs"),
+                         train_unit_wait_poll_s=1, train_unit_wait_progress_s=3, train_unit_wait_timeout_s=120)
+    finally:
+        writer.wait(timeout=60)
+    assert r.rc == 0, "\n".join(failure_messages(r))
+    lines = [ev["event_data"]["res"]["msg"] for ev in r.events if ev.get("event") == "runner_on_ok"
+             and ev["event_data"].get("task") == "Say where the run stands"]
+    steps = [int(re.search(r"at step (\d+)", x).group(1)) for x in lines if "phase training" in x]
+    assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] > steps[0], lines
+    assert lines[-1].startswith("run v2: phase completed at step 80"), lines

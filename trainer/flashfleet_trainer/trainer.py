@@ -190,6 +190,7 @@ class Trainer:
         self.drafter = self.opt = self.sched = None  # fp32 master weights, AdamW, LR schedule
         self.loss_fn, self.loss_impl, self.attn_impl = None, None, None  # the resolved --loss-impl, --attn-impl
         self.upcoming = None  # iterator over the global sequence from the current position
+        self.eval_spent_s = 0.0  # wall time of this process's interval evaluations
 
     def request_stop(self, *_):
         """SIGTERM: finish the current step, save, exit 0."""
@@ -472,6 +473,24 @@ class Trainer:
         res.pop("per_prompt")
         return {**res, "eval": kind, "eval_s": time.perf_counter() - t0}
 
+    EVAL_BUDGET = 0.05  # interval evaluations may use at most this share of the training's wall time
+
+    def interval_eval(self, metrics, wandb_run, elapsed_s):
+        """An --eval-interval evaluation, unless evaluations so far have used EVAL_BUDGET of the wall
+        time (then it waits for a later interval: an untrained drafter's evaluation is the slowest,
+        tau ~1 means one cycle per token). In-process target only: borrowing a whole target onto a
+        drafter GPU mid-run could run it out of memory (the final evaluation still borrows one)."""
+        if self.producer is None:
+            return
+        if self.eval_spent_s > self.EVAL_BUDGET * elapsed_s:
+            self.log(f"interval evaluation at step {self.step} deferred: evaluations used "
+                     f"{self.eval_spent_s:.0f} s of {elapsed_s:.0f} s (budget {self.EVAL_BUDGET:.0%})")
+            return
+        res = self.evaluate(self.args.eval_interval_prompts, "interval")
+        if res is not None:
+            self.eval_spent_s += res["eval_s"]
+            self.log_eval(res, metrics, wandb_run)
+
     def log_eval(self, res, metrics, wandb_run):
         metrics.write({"step": self.step, **res})
         wandb_run.log({"tau_pooled": res["tau_pooled"], "tau_prompt_mean": res["tau_prompt_mean"],
@@ -492,6 +511,7 @@ class Trainer:
             # Type=notify unit counts the clean exit as a failed start (Result=protocol) and restarts.
             self.r.notifier.ready(f"nothing left to train at step {self.step}")
             self.status.update(ready=True)
+        t_train = time.perf_counter()
         while self.step < self.total_steps and not self.stop_requested:
             rec = self.train_step()
             # The step's one host read brought the loss and grad norm (all-reduced: every rank sees
@@ -514,11 +534,7 @@ class Trainer:
                          f"drafter {rec['drafter_rows_per_s']:.0f} rows/s idle t/d "
                          f"{rec['target_idle_frac']:.2f}/{rec['drafter_idle_frac']:.2f}")
             if main and a.eval_interval and self.step % a.eval_interval == 0 and self.step < self.total_steps:
-                # in-process target only: borrowing a whole target onto a drafter GPU mid-run could
-                # run it out of memory (the final evaluation, after training, still borrows one)
-                res = self.evaluate(a.eval_interval_prompts, "interval") if self.producer is not None else None
-                if res is not None:
-                    self.log_eval(res, metrics, wandb_run)
+                self.interval_eval(metrics, wandb_run, time.perf_counter() - t_train)
             if on_step is not None:
                 on_step(self)
             if self.r.world == 1:

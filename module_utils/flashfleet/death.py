@@ -9,7 +9,7 @@ It is started twice per final death and once per restarted one: by the trainer u
 ExecStopPost= for every non-success result (before Restart= starts the next invocation, so the
 journal and the cgroup are still those of the death), and by its OnFailure= when the unit enters
 the failed state (the only trigger of a start limit hit, where nothing runs). A death already
-recorded (same invocation, same result) is not recorded twice.
+recorded (same invocation, result and verdict) is not recorded twice.
 
 Each death becomes <output-dir>/deaths/<UTC time>-<invocation>/ (contract/layout.py): the
 evidence (flashfleet.evidence.gather), the verdict (flashfleet.classify.classify, plus `death`:
@@ -63,12 +63,15 @@ def death_of(props: dict) -> tuple[bool, str]:
     return False, f"nothing died: Result={result or '?'}, ActiveState={active or '?'}"
 
 
-def already_recorded(records: list[dict], props: dict) -> str | None:
-    """The name of the record of this very death (same invocation and result), if any."""
+def already_recorded(records: list[dict], props: dict, verdict: str) -> str | None:
+    """The name of the record of this very death (same invocation, result and verdict), if any.
+    The verdict is part of it: systemd 252 keeps the last death's Result when the start limit
+    refuses the restart, and only the journal ("Start request repeated too quickly") tells."""
     inv, result = props.get("InvocationID", ""), props.get("Result", "")
     for rec in reversed(records):
-        death = (rec.get("verdict") or {}).get("death") or {}
-        if death.get("invocation_id") == inv and death.get("result") == result:
+        v = rec.get("verdict") or {}
+        death = v.get("death") or {}
+        if death.get("invocation_id") == inv and death.get("result") == result and v.get("verdict") == verdict:
             return rec["name"]
     return None
 
@@ -165,15 +168,16 @@ def record(params: dict, environ=None, now: float | None = None, log=print) -> d
     if not dead:
         log(f"{ev['unit']}: {why}; no record")
         return {"recorded": None, "skipped": why, "verdict": None, "webhook": None}
-    same = already_recorded((ev.get("deaths") or {}).get("records") or [], props)
+    verdict = classify.classify(ev)
+    same = already_recorded((ev.get("deaths") or {}).get("records") or [], props, verdict["verdict"])
     if same:
-        why = f"this death (invocation {props.get('InvocationID')}, {why}) is already recorded in {same}"
+        why = (f"this death (invocation {props.get('InvocationID')}, {why}, {verdict['verdict']}) is already "
+               f"recorded in {same}")
         log(f"{ev['unit']}: {why}")
         return {"recorded": None, "skipped": why, "verdict": None, "webhook": None}
 
     now = time.time() if now is None else now
     name = record_name(now, props.get("InvocationID"))
-    verdict = classify.classify(ev)
     verdict["death"] = {"schema": SCHEMA, "recorded_at": now, "record": name, "trigger": why,
                         "invocation_id": props.get("InvocationID", ""), "result": props.get("Result", ""),
                         "active_state": props.get("ActiveState", ""), "sub_state": props.get("SubState", ""),

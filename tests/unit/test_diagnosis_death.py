@@ -68,6 +68,26 @@ def test_a_death_is_recorded_whole_once(host):
     assert len(_records(host)) == 2
 
 
+def test_the_start_limit_is_a_death_of_its_own_when_systemd_keeps_the_result(host):
+    """systemd 252 (Debian 12): the refused restart leaves Result=exit-code; the journal's 'Start
+    request repeated too quickly' makes it start-limit-hit, recorded beside the death before it."""
+    _set_show(host, Result="exit-code", ExecMainCode="1", ExecMainStatus="3")
+    first = fd.record(host, environ={}, now=1764527102.0, log=lambda line: None)
+    assert json.loads(Path(first["recorded"], layout.DEATH_VERDICT).read_text())["verdict"] != "start-limit-hit"
+    journal = Path(host["output_dir"]).parent / "journal.json"
+    inv = "6c1e0d6b2f0a4d5c9e8f7a6b5c4d3e21"
+    journal.write_text(journal.read_text() + "\n" + "\n".join(json.dumps(e) for e in [
+        {"__REALTIME_TIMESTAMP": "1764527102000000", "_PID": "1", "UNIT": "flashfleet-train@v2.service",
+         "INVOCATION_ID": inv, "MESSAGE": "flashfleet-train@v2.service: Start request repeated too quickly."},
+        {"__REALTIME_TIMESTAMP": "1764527102000100", "_PID": "1", "UNIT": "flashfleet-train@v2.service",
+         "INVOCATION_ID": inv, "MESSAGE": "flashfleet-train@v2.service: Failed with result 'exit-code'."}]) + "\n")
+    second = fd.record(host, environ={}, now=1764527103.0, log=lambda line: None)
+    assert second["recorded"], second["skipped"]
+    assert json.loads(Path(second["recorded"], layout.DEATH_VERDICT).read_text())["verdict"] == "start-limit-hit"
+    assert fd.record(host, environ={}, now=1764527104.0, log=lambda line: None)["skipped"]
+    assert len(_records(host)) == 2
+
+
 def test_nothing_is_recorded_while_the_unit_is_fine(host):
     _set_show(host, Result="success", ActiveState="active", SubState="running")
     out = fd.record(host, environ={}, log=lambda line: None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -37,3 +38,22 @@ def failure_messages(runner) -> list[str]:
     """The msg of every failed task event of an ansible-runner run."""
     return [ev["event_data"]["res"].get("msg", "") for ev in runner.events
             if ev.get("event") == "runner_on_failed"]
+
+
+def local_inventory(tmp_path: Path, host: str = "here") -> Path:
+    """An inventory of one host reached with the local connection, on this interpreter."""
+    inventory = tmp_path / "hosts.json"
+    inventory.write_text(json.dumps({"all": {"hosts": {host: {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    return inventory
+
+
+def role_play(tmp_path: Path, role: str, tasks_from: str, role_vars: dict | None = None,
+              name: str = "play.yml") -> Path:
+    """A playbook that runs one task file of one role on every host (role_vars: the include's vars)."""
+    include = {"ansible.builtin.include_role": {"name": role, "tasks_from": tasks_from}}
+    if role_vars:
+        include["vars"] = role_vars
+    playbook = tmp_path / name
+    playbook.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": [include]}]))
+    return playbook

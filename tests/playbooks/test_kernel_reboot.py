@@ -9,14 +9,12 @@ one host and comes after the drain check.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT, failure_messages
+from tests.conftest import ROOT, failure_messages, local_inventory, role_play
 
 
 @pytest.fixture
@@ -34,18 +32,8 @@ def busy(tmp_path, monkeypatch):
 
 
 def _drain(tmp_path, run_playbook, **extravars):
-    inventory = tmp_path / "hosts.json"
-    inventory.write_text(json.dumps({"all": {"hosts": {"pve1": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
-    playbook = tmp_path / "play.yml"
-    playbook.write_text("""
-- hosts: all
-  gather_facts: false
-  tasks:
-    - ansible.builtin.include_role: {name: kernel, tasks_from: drain}
-      vars: {kernel_release: 6.12.48-ff}
-""")
-    return run_playbook(playbook, inventory, **extravars)
+    playbook = role_play(tmp_path, "kernel", "drain", {"kernel_release": "6.12.48-ff"})
+    return run_playbook(playbook, local_inventory(tmp_path, "pve1"), **extravars)
 
 
 def test_an_idle_host_may_reboot(busy, run_playbook):

@@ -13,14 +13,12 @@ import json
 import re
 import sys
 
-from tests.conftest import failure_messages
+from tests.conftest import failure_messages, local_inventory, role_play
 
 
 def _play(tmp_path, run_playbook, script: str):
     log = tmp_path / "step.log"
-    inventory = tmp_path / "hosts.json"
-    inventory.write_text(json.dumps({"all": {"hosts": {"here": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    inventory = local_inventory(tmp_path)
     playbook = tmp_path / "slow.yml"
     playbook.write_text(f"""
 - hosts: all
@@ -87,17 +85,7 @@ for step in range(1, 9):
     time.sleep(4)
 """])
     try:
-        inventory = tmp_path / "hosts.json"
-        inventory.write_text(json.dumps({"all": {"hosts": {"here": {
-            "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
-        playbook = tmp_path / "wait.yml"
-        playbook.write_text("""
-- hosts: all
-  gather_facts: false
-  tasks:
-    - ansible.builtin.include_role: {name: train_unit, tasks_from: wait}
-""")
-        r = run_playbook(playbook, inventory, train_unit_run="v2", train_unit_runs_root=str(tmp_path / "runs"),
+        r = run_playbook(role_play(tmp_path, "train_unit", "wait"), local_inventory(tmp_path), train_unit_run="v2", train_unit_runs_root=str(tmp_path / "runs"),
                          train_unit_wait_poll_s=1, train_unit_wait_progress_s=3, train_unit_wait_timeout_s=120)
     finally:
         writer.wait(timeout=60)

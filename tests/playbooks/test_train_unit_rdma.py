@@ -8,12 +8,9 @@ DeviceAllow lines plus the drop-in's (systemd adds them up), checked with and wi
 
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
 
-from tests.conftest import ROOT, failure_messages
+from tests.conftest import ROOT, failure_messages, local_inventory, role_play
 
 NVIDIA = {"char-nvidia-frontend rw", "char-nvidia-uvm rw", "char-nvidia-caps rw", "char-nvidia-nvswitch rw"}
 RDMA = {"char-infiniband_verbs rw", "/dev/infiniband/rdma_cm rw"}
@@ -22,9 +19,7 @@ RDMA = {"char-infiniband_verbs rw", "/dev/infiniband/rdma_cm rw"}
 def _render(tmp_path, run_playbook, spec: dict, nccl_env: dict | None = None) -> dict[str, str]:
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    inventory = tmp_path / "hosts.json"
-    inventory.write_text(json.dumps({"all": {"hosts": {"here": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    inventory = local_inventory(tmp_path)
     playbook = tmp_path / "render.yml"
     playbook.write_text(f"""
 - hosts: all
@@ -77,17 +72,7 @@ def test_the_hosts_nccl_settings_reach_the_environment_file_and_the_run_override
 @pytest.mark.parametrize("nccl, needle", [({"IB_HCA": "mlx5_0"}, "NCCL settings IB_HCA are not NCCL_* names"),
                                           ({"NCCL_IB_HCA": "mlx5_0\nLD_PRELOAD=/x"}, "NCCL settings NCCL_IB_HCA")])
 def test_preflight_refuses_bad_nccl_settings(tmp_path, run_playbook, nccl, needle):
-    inventory = tmp_path / "hosts.json"
-    inventory.write_text(json.dumps({"all": {"hosts": {"here": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
-    playbook = tmp_path / "pre.yml"
-    playbook.write_text("""
-- hosts: all
-  gather_facts: false
-  tasks:
-    - ansible.builtin.include_role: {name: train_unit, tasks_from: preflight}
-""")
-    r = run_playbook(playbook, inventory, cmdline="--check", train_unit_run="v2",
+    r = run_playbook(role_play(tmp_path, "train_unit", "preflight"), local_inventory(tmp_path), cmdline="--check", train_unit_run="v2",
                      train_unit_spec={"trainer": {}, "nccl": nccl}, flashfleet_venv=str(tmp_path / "venv"))
     assert r.rc != 0
     assert any(needle in m for m in failure_messages(r)), failure_messages(r)

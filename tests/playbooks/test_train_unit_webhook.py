@@ -4,30 +4,15 @@ verdict unit's EnvironmentFile cannot quote, naming what to fix, and never shows
 
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
 
-from tests.conftest import failure_messages
+from tests.conftest import failure_messages, local_inventory, role_play
 
 TOKEN = "tok-9f2c"
 
 
 def _play(tmp_path):
-    inventory = tmp_path / "hosts.json"
-    inventory.write_text(json.dumps({"all": {"hosts": {"here": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
-    playbook = tmp_path / "play.yml"
-    playbook.write_text("""
-- hosts: all
-  gather_facts: false
-  tasks:
-    - ansible.builtin.include_role:
-        name: train_unit
-        tasks_from: verdict_check
-""")
-    return playbook, inventory
+    return role_play(tmp_path, "train_unit", "verdict_check"), local_inventory(tmp_path)
 
 
 @pytest.mark.parametrize("url, token, needle", [

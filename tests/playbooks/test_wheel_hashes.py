@@ -10,7 +10,6 @@ locks are checked to hash every pin (what `make lock` writes).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, failure_messages
+from tests.conftest import ROOT, failure_messages, local_inventory, role_play
 
 NAME, VERSION = "ff_hashprobe", "1.0"
 
@@ -50,19 +49,9 @@ def host(tmp_path):
 
 
 def _sync(tmp_path, run_playbook, venv):
-    inventory = tmp_path / "hosts.json"
-    inventory.write_text(json.dumps({"all": {"hosts": {"here": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
-    playbook = tmp_path / "sync.yml"
-    playbook.write_text("""
-- hosts: all
-  gather_facts: false
-  tasks:
-    - ansible.builtin.include_role: {name: python_env, tasks_from: sync}
-""")
-    return run_playbook(playbook, inventory, envvars={"UV_CACHE_DIR": str(tmp_path / "uv-cache")},
-                        python_env_dir=str(venv), python_env_wheelhouse=str(tmp_path / "wheelhouse"),
-                        python_env_profile="cpu")
+    return run_playbook(role_play(tmp_path, "python_env", "sync"), local_inventory(tmp_path),
+                        envvars={"UV_CACHE_DIR": str(tmp_path / "uv-cache")}, python_env_dir=str(venv),
+                        python_env_wheelhouse=str(tmp_path / "wheelhouse"), python_env_profile="cpu")
 
 
 def _installed(venv: Path) -> bool:

@@ -25,3 +25,15 @@ def trainer_argv(trainer_tiny, tmp_path):
                 "--max-batch-size", "8", "--max-anchors", "16", "--lr", "1e-3", "--warmup-ratio", "0.1",
                 "--noise-start", "0.1", "--noise-end", "0.01", "--eval-num-prompts", "0", *extra]
     return argv
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models in one torch thread: a second only adds synchronization (~10x slower on a busy
+    two-core machine). Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

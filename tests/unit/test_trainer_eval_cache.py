@@ -24,13 +24,7 @@ from transformers import AutoConfig
 BLOCK = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: a second thread only adds synchronization, ~10x slower on a busy shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _drafter(model_dir, layer_types=("full_attention", "full_attention"), window=None, seed=0):

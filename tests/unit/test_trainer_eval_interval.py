@@ -1,19 +1,12 @@
 """--eval-interval: tau on held-out prompts every N optimizer steps, into metrics.jsonl (contract keys)."""
 
 import pytest
-import torch
 from flashfleet.contract import metrics as contract
 from flashfleet_trainer.cli import main as train_main
 from flashfleet_trainer.config import EX_CONFIG
 from flashfleet_trainer.trainer import Trainer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_interval_evaluations_land_in_metrics(trainer_argv, tmp_path, capsys, monkeypatch):

@@ -20,13 +20,7 @@ from flashfleet_trainer.sampling import Sampling, Stats, decode, probs
 V, BLOCK, SAMPLES = 3, 3, 4000
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: a second thread only adds synchronization, ~10x slower on a busy shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def chi2_critical(df, z=3.090):

@@ -3,18 +3,11 @@
 import json
 
 import pytest
-import torch
 from flashfleet_trainer.config import EX_CONFIG
 from flashfleet_trainer.evaluate import PromptError, load_prompt_sets
 from flashfleet_trainer.evaluate import main as eval_main
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class FakeChatTokenizer:

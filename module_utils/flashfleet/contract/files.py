@@ -1,6 +1,8 @@
-"""File primitives every writer and reader of the contract shares: hashing, fsync, atomic writes."""
+"""File primitives every writer and reader of the contract shares: hashing, fsync, atomic writes,
+JSON reads that name the file."""
 
 import hashlib
+import json
 import os
 
 CHUNK = 1 << 20
@@ -51,3 +53,14 @@ def atomic_write_text(path, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
+
+
+def load_json(path, error: type[Exception]):
+    """The JSON document at path; `error` (the reader's own exception) names the file and the problem."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as exc:
+        raise error(f"{path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise error(f"{path}: not JSON ({exc})") from exc

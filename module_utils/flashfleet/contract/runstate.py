@@ -34,13 +34,7 @@ def wandb_id(name: str, output_dir, created: str) -> str:
 
 def read(path) -> dict:
     """The run state at path; RunStateError names the file and what is wrong."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise RunStateError(f"{path}: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise RunStateError(f"{path}: not JSON ({exc})") from exc
+    data = files.load_json(path, RunStateError)
     if not isinstance(data, dict) or not isinstance(data.get(INVOCATION), int) or not data.get(WANDB_ID):
         raise RunStateError(f"{path}: not a run state record (needs an integer {INVOCATION} and a {WANDB_ID})")
     return data

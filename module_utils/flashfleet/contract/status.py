@@ -72,13 +72,7 @@ def write(path, state: dict) -> None:
 
 def read(path) -> dict:
     """The status record at path; StatusError names the file and what is wrong with it."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise StatusError(f"{path}: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise StatusError(f"{path}: not JSON ({exc})") from exc
+    data = files.load_json(path, StatusError)
     if not isinstance(data, dict):
         raise StatusError(f"{path}: not a JSON object")
     if data.get("phase") not in PHASES:

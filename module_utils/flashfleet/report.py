@@ -39,12 +39,18 @@ PLOTS = (
     ("Loss and its parts", "loss", [(metrics.LOSS, "loss"), ("ce", "CE"), ("kl", "KL")], False),
     ("Learning rate", "lr", [("lr", "lr")], False),
     ("Noise scale", "noise", [("noise", "noise")], False),
-    ("Acceptance", "acceptance", [("accept_proxy", "accept proxy"), (metrics.TAU, "tau")], False),
+    ("Acceptance", "acceptance", [("accept_proxy", "accept proxy"), (metrics.TAU, "tau (pooled)"),
+                                  ("tau_prompt_mean", "tau (mean over prompts)")], False),
     ("Throughput", "per second", [("target_tokens_per_s", "target tokens/s"),
                                   ("drafter_rows_per_s", "drafter rows/s")], True),
     ("Peak memory", "GiB", [(PEAK_MEM_GIB, "peak memory")], False),
 )
 ACC = "acc"  # per block position (a list), plotted from the last record that has it
+# Lists by position, each plotted from the newest record that has it: (key, title, y label).
+BY_POSITION = (
+    (ACC, "Accuracy by block position (last step)", "accuracy"),
+    ("accept_rate", "Acceptance by draft position (newest evaluation)", "acceptance rate"),
+)
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -193,23 +199,24 @@ def plots(hosts: dict[str, dict]) -> list[tuple[str, str]]:
         ax.legend(fontsize=8)
         out.append((title, _png(fig)))
         plt.close(fig)
-    # acceptance per block position, from the last record that has it
-    fig, ax = plt.subplots(figsize=(8, 3.2))
-    drawn = 0
-    for hi, (name, host) in enumerate(hosts.items()):
-        last = next((r for r in reversed(host["metrics"]) if isinstance(r.get(ACC), list) and r[ACC]), None)
-        if last:
-            ax.plot(range(1, len(last[ACC]) + 1), last[ACC], marker="o", color=f"C{hi}",
-                    label=f"{name} (step {last.get(metrics.STEP)})")
-            drawn += 1
-    if drawn:
-        ax.set_title("Accuracy by block position (last step)")
-        ax.set_xlabel("position in block")
-        ax.set_ylabel("accuracy")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        out.append(("Accuracy by block position", _png(fig)))
-    plt.close(fig)
+    for key, title, ylabel in BY_POSITION:
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        drawn = 0
+        for hi, (name, host) in enumerate(hosts.items()):
+            last = next((r for r in reversed(host["metrics"]) if isinstance(r.get(key), list) and r[key]), None)
+            if last:
+                ys = [math.nan if v is None else v for v in last[key]]  # null: no cycle reached it
+                ax.plot(range(1, len(ys) + 1), ys, marker="o", color=f"C{hi}",
+                        label=f"{name} (step {last.get(metrics.STEP)})")
+                drawn += 1
+        if drawn:
+            ax.set_title(title)
+            ax.set_xlabel("position in block")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+            out.append((title.split(" (")[0], _png(fig)))
+        plt.close(fig)
     return out
 
 

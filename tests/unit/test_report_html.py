@@ -25,7 +25,8 @@ def _metrics(n: int, t0: float = 1_764_525_600.0) -> str:
             "noise": 0.1 - 0.09 * step / n, "acc": [0.9 - 0.05 * i for i in range(16)],
             "accept_proxy": 1 + 3 * step / n, "target_tokens_per_s": 50000.0 + step,
             "drafter_rows_per_s": 120.0, "peak_mem_bytes": 3 * 2**30}))
-    lines.append(json.dumps({"step": n, "tau": 4.12}))
+    lines.append(json.dumps({"step": n, "tau": 4.12, "tau_pooled": 4.12, "tau_prompt_mean": 3.9,
+                             "accept_rate": [0.9, 0.7, None]}))
     return "\n".join(lines) + "\n" + '{"step": 10'  # a line cut by a crash
 
 
@@ -51,7 +52,7 @@ def test_report_has_table_and_all_plots(run_dir):
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
     titles = re.findall(r"<figcaption>([^<]+)</figcaption>", text)
     assert titles == ["Loss and its parts", "Learning rate", "Noise scale", "Acceptance", "Throughput",
-                      "Peak memory", "Accuracy by block position"]
+                      "Peak memory", "Accuracy by block position", "Acceptance by draft position"]
     assert len(images) == len(titles)
     for b64 in images:
         png = base64.b64decode(b64)
@@ -85,9 +86,18 @@ def test_console_script_writes_the_report(run_dir):
 
 
 def test_every_plotted_key_is_a_metrics_key_of_the_contract():
-    plotted = {key for _title, _y, keys, _log in fr.PLOTS for key, _label in keys} | {fr.ACC}
+    plotted = ({key for _title, _y, keys, _log in fr.PLOTS for key, _label in keys}
+               | {key for key, _title, _y in fr.BY_POSITION})
     assert plotted - {fr.PEAK_MEM_GIB} <= set(metrics.STEP_KEYS) | set(metrics.EVAL_KEYS)
     assert {metrics.LOSS, metrics.TAU} <= plotted
+
+
+def test_acceptance_by_position_comes_from_the_newest_evaluation(run_dir):
+    # Without an evaluation record that has accept_rate, there is no such plot.
+    path = run_dir / "gpu01" / "metrics.jsonl"
+    path.write_text("".join(line + "\n" for line in path.read_text().splitlines() if "accept_rate" not in line))
+    titles = re.findall(r"<figcaption>([^<]+)</figcaption>", fr.write_report(run_dir).read_text())
+    assert "Acceptance by draft position" not in titles and "Accuracy by block position" in titles
 
 
 def test_a_status_json_that_is_not_a_status_record_is_left_out(run_dir):

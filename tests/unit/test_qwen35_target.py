@@ -204,3 +204,27 @@ def test_the_moe_target_loads_its_language_model_only(hybrid_moe):
     torch.testing.assert_close(feats, torch.cat([out.hidden_states[2], out.hidden_states[5]], -1), atol=1e-5,
                                rtol=1e-5)
     torch.testing.assert_close(last @ producer.lm_head_weight.T, out.logits, atol=1e-4, rtol=1e-4)
+
+
+def test_without_soft_labels_the_forward_stops_at_the_deepest_feature_layer(hybrid):
+    """want_last=False: the same features, no final state, and no layer above the deepest feature
+    layer runs (the target's work a CE-only run does not need)."""
+    producer = HiddenStateProducer(hybrid, ["cpu"], [1, 4, 2], "cpu")
+    ids = torch.randint(1, VOCAB - 1, (2, 19), generator=torch.Generator().manual_seed(3))
+    layers = producer.replicas[0][1].get_decoder().layers
+    ran = []
+    hooks = [layer.register_forward_hook(lambda _m, _i, _o, k=k: ran.append(k)) for k, layer in enumerate(layers)]
+    try:
+        full, last = producer.forward(ids)
+        assert ran == list(range(LAYERS)) and last is not None
+        ran.clear()
+        feats, none = producer.forward(ids, want_last=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert ran == list(range(5)), ran  # layers 0..4 (the deepest feature layer is 4), nothing above
+    assert none is None
+    torch.testing.assert_close(feats, full, atol=0, rtol=0)
+    # the producer is usable again afterwards: a full forward still gives the final state
+    again, last2 = producer.forward(ids)
+    torch.testing.assert_close(last2, last, atol=0, rtol=0)

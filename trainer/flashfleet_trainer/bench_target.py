@@ -2,7 +2,7 @@
 through the trainer's own `HiddenStateProducer.forward`: features from the drafter's target
 layers and the final normed hidden state, as a training step asks for them.
 
-    python -m flashfleet_trainer.bench_target --shape qwen3.6-27b --seqs 8 --seq-len 8192
+    python -m flashfleet_trainer.bench_target --shape qwen3.6-27b --seqs 8 --seq-len 8192 [--no-soft-labels]
 
 Prints target tokens/s (median of --steps timed forwards after --warmup), peak memory, and which
 implementation transformers bound for a hybrid target's linear-attention kernels (run it once with
@@ -39,6 +39,8 @@ def main(argv=None):
     p.add_argument("--seqs", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=8192)
     p.add_argument("--draft-layers", type=int, default=5, help="how many target layers feed the drafter")
+    p.add_argument("--no-soft-labels", action="store_true",
+                   help="a CE-only run's forward: stop after the deepest feature layer (no final state)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     a = p.parse_args(argv)
@@ -53,25 +55,32 @@ def main(argv=None):
     producer = HiddenStateProducer(None, [dev], layer_ids, dev, replicas=[(dev, model)])
     kernels = linear_attention_kernels(text) if "qwen3_5" in getattr(text, "model_type", "") else {}
     ids = torch.randint(0, text.vocab_size - 1, (a.seqs, a.seq_len), device=dev)
-    times = []
-    for i in range(a.warmup + a.steps):
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        producer.forward(ids)
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t
-        print(f"{'warm-up' if i < a.warmup else 'step'} {i}: {dt:.3f} s", flush=True)
-        if i >= a.warmup:
-            times.append(dt)
+    want_last = not a.no_soft_labels
+    times = timed_forwards(producer, ids, a.warmup, a.steps, want_last, dev)
     tokens = a.seqs * a.seq_len
     med = statistics.median(times)
     out = {"shape": a.shape, "layers": text.num_hidden_layers, "tokens_per_forward": tokens,
            "target_tokens_per_s": tokens / med, "spread": (max(times) - min(times)) / med,
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None,
-           "linear_attention": kernels, "target_layer_ids": layer_ids}
+           "linear_attention": kernels, "target_layer_ids": layer_ids,
+           "layers_run": max(layer_ids) + 1 if a.no_soft_labels else text.num_hidden_layers}
     print(json.dumps(out))
+
+
+def timed_forwards(producer, ids, warmup, steps, want_last, dev) -> list[float]:
+    times = []
+    for i in range(warmup + steps):
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        producer.forward(ids, want_last=want_last)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t
+        print(f"{'warm-up' if i < warmup else 'step'} {i}: {dt:.3f} s", flush=True)
+        if i >= warmup:
+            times.append(dt)
+    return times
 
 
 if __name__ == "__main__":

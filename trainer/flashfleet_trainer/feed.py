@@ -74,6 +74,7 @@ class InProcessFeed(Feed):
                                             on_status=log)
         self.embed_weight, self.lm_head_weight = self.producer.embed_weight, self.producer.lm_head_weight
         self.devices = plan.target_devices + [device]
+        self.want_last = args.use_soft_labels  # without soft labels the target stops at its deepest feature layer
         self.data = None  # set by start()
 
     def start(self, data, upcoming):
@@ -82,7 +83,8 @@ class InProcessFeed(Feed):
     def get(self, key, idx) -> Features:
         ids, lengths = pad_batch(self.data, idx)
         t0 = time.perf_counter()
-        feats, last = self.producer.forward(ids, (torch.arange(ids.shape[1])[None] < lengths[:, None]).long())
+        feats, last = self.producer.forward(ids, (torch.arange(ids.shape[1])[None] < lengths[:, None]).long(),
+                                            want_last=self.want_last)
         _sync(self.devices)
         dt = time.perf_counter() - t0
         return Features(feats, last, lengths, dt, dt)

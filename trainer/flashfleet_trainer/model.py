@@ -753,28 +753,44 @@ class HiddenStateProducer:
         self.lm_head_weight = model.get_output_embeddings().weight.detach().to(out_device)
 
     @torch.no_grad()
-    def forward(self, input_ids, attention_mask=None, replica=None, past_key_values=None):
+    def forward(self, input_ids, attention_mask=None, replica=None, past_key_values=None, want_last=True):
         """input_ids [S, T] -> (features [S, T, n*H], last normed hidden [S, T, H]) on out_device.
         past_key_values: a transformers cache to read and extend (the evaluator's; input_ids then
-        continue the cached positions)."""
+        continue the cached positions). want_last=False (a run without soft labels): the forward
+        stops after the deepest feature layer, the layers above it and the final norm are never
+        run, and last is None."""
         if replica is None:
             replica = self._next
             self._next = (self._next + 1) % len(self.replicas)
         dev, model = self.replicas[replica]
         decoder = model.get_decoder()
-        captured = {}
-        hooks = [decoder.layers[i].register_forward_hook(
-            lambda _m, _inp, out, i=i: captured.__setitem__(i, out[0] if isinstance(out, tuple) else out))
-            for i in sorted(set(self.layer_ids))]
+        captured, deepest = {}, max(self.layer_ids)
+
+        def keep(i):
+            def hook(_m, _inp, out):
+                captured[i] = out[0] if isinstance(out, tuple) else out
+                if i == deepest and not want_last:
+                    raise _FeaturesDone
+            return hook
+
+        hooks = [decoder.layers[i].register_forward_hook(keep(i)) for i in sorted(set(self.layer_ids))]
+        last = None
         try:
             out = decoder(input_ids=input_ids.to(dev),
                           attention_mask=None if attention_mask is None else attention_mask.to(dev),
                           past_key_values=past_key_values, use_cache=past_key_values is not None)
+            last = out.last_hidden_state.to(self.out_device)
+        except _FeaturesDone:
+            pass
         finally:
             for h in hooks:
                 h.remove()
         feats = torch.cat([captured[i] for i in self.layer_ids], dim=-1)
-        return feats.to(self.out_device), out.last_hidden_state.to(self.out_device)
+        return feats.to(self.out_device), last
+
+
+class _FeaturesDone(Exception):
+    """Raised by the deepest feature layer's hook to end a forward whose final state nobody reads."""
 
 
 def frozen_io_names(names) -> tuple[str, str]:

@@ -228,3 +228,46 @@ def test_without_soft_labels_the_forward_stops_at_the_deepest_feature_layer(hybr
     # the producer is usable again afterwards: a full forward still gives the final state
     again, last2 = producer.forward(ids)
     torch.testing.assert_close(last2, last, atol=0, rtol=0)
+
+
+def test_length_groups_bound_the_padding_and_cover_every_sequence():
+    from flashfleet_trainer.model import length_groups
+
+    rng = torch.Generator().manual_seed(4)
+    for _ in range(50):
+        lengths = torch.randint(1, 9000, (int(torch.randint(1, 40, (1,), generator=rng)),), generator=rng).tolist()
+        groups = length_groups(lengths, 0.1)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        for g in groups:
+            real, padded = sum(lengths[i] for i in g), len(g) * max(lengths[i] for i in g)
+            assert padded <= 1.1 * real + 1e-9, (g, [lengths[i] for i in g])
+    assert length_groups([8192] * 8) == [list(range(8))]  # equal lengths: one forward, as before
+    assert length_groups([100, 8000, 120, 7900]) == [[1, 3], [2, 0]]
+
+
+def test_forward_batch_gives_each_sequence_its_own_unpadded_features(hybrid):
+    """The target's micro-batch forward in length groups: at every valid position the features and
+    final state equal the sequence's own unpadded forward, padding is zeros, and the target runs far
+    fewer padded tokens than the padded batch would (counted at the first layer's input)."""
+    producer = HiddenStateProducer(hybrid, ["cpu"], [1, 3, 6], "cpu")
+    g = torch.Generator().manual_seed(5)
+    lengths = torch.tensor([40, 7, 38, 9, 40, 21])
+    ids = torch.zeros(len(lengths), int(lengths.max()), dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        ids[i, :n] = torch.randint(1, VOCAB - 1, (n,), generator=g)
+    seen = []
+    hook = producer.replicas[0][1].get_decoder().layers[0].register_forward_hook(
+        lambda _m, inp, _o: seen.append(inp[0].shape[0] * inp[0].shape[1]))
+    try:
+        feats, last = producer.forward_batch(ids, lengths)
+    finally:
+        hook.remove()
+    assert sum(seen) <= 1.1 * int(lengths.sum()) < ids.numel(), (seen, ids.numel())
+    for i, n in enumerate(lengths.tolist()):
+        own_f, own_l = producer.forward(ids[i:i + 1, :n])
+        torch.testing.assert_close(feats[i, :n], own_f[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(last[i, :n], own_l[0], atol=1e-5, rtol=1e-5)
+        assert not feats[i, n:].any() and not last[i, n:].any()
+    feats_ce, none = producer.forward_batch(ids, lengths, want_last=False)
+    assert none is None
+    torch.testing.assert_close(feats_ce, feats, atol=0, rtol=0)

@@ -3,6 +3,11 @@ through the trainer's own `HiddenStateProducer.forward`: features from the draft
 layers and the final normed hidden state, as a training step asks for them.
 
     python -m flashfleet_trainer.bench_target --shape qwen3.6-27b --seqs 8 --seq-len 8192 [--no-soft-labels]
+    python -m flashfleet_trainer.bench_target --shape qwen3-8b --seqs 16 --seq-len 8192 --min-len 512 [--padded]
+
+With --min-len, sequence lengths are drawn uniformly from [--min-len, --seq-len] (seeded) and the
+micro-batch runs as the trainer runs it, in length groups (`forward_batch`), or with --padded as one
+forward padded to the longest (the anchor); tokens/s counts real tokens only.
 
 Prints target tokens/s (median of --steps timed forwards after --warmup), peak memory, and which
 implementation transformers bound for a hybrid target's linear-attention kernels (run it once with
@@ -41,6 +46,8 @@ def main(argv=None):
     p.add_argument("--draft-layers", type=int, default=5, help="how many target layers feed the drafter")
     p.add_argument("--no-soft-labels", action="store_true",
                    help="a CE-only run's forward: stop after the deepest feature layer (no final state)")
+    p.add_argument("--min-len", type=int, default=None, help="draw lengths from [min-len, seq-len]")
+    p.add_argument("--padded", action="store_true", help="one forward padded to the longest (the old path)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     a = p.parse_args(argv)
@@ -54,12 +61,23 @@ def main(argv=None):
     layer_ids = default_target_layers(text.num_hidden_layers, a.draft_layers)
     producer = HiddenStateProducer(None, [dev], layer_ids, dev, replicas=[(dev, model)])
     kernels = linear_attention_kernels(text) if "qwen3_5" in getattr(text, "model_type", "") else {}
-    ids = torch.randint(0, text.vocab_size - 1, (a.seqs, a.seq_len), device=dev)
+    ids = torch.randint(0, text.vocab_size - 1, (a.seqs, a.seq_len))
+    lengths = torch.full((a.seqs,), a.seq_len)
+    if a.min_len is not None:
+        lengths = torch.randint(a.min_len, a.seq_len + 1, (a.seqs,), generator=torch.Generator().manual_seed(0))
+    mask = (torch.arange(a.seq_len)[None] < lengths[:, None]).long()
     want_last = not a.no_soft_labels
-    times = timed_forwards(producer, ids, a.warmup, a.steps, want_last, dev)
-    tokens = a.seqs * a.seq_len
+
+    def step():
+        if a.padded:
+            return producer.forward(ids, mask, want_last=want_last)
+        return producer.forward_batch(ids, lengths, want_last=want_last)
+
+    times = timed_forwards(step, a.warmup, a.steps, dev)
+    tokens = int(lengths.sum())
     med = statistics.median(times)
     out = {"shape": a.shape, "layers": text.num_hidden_layers, "tokens_per_forward": tokens,
+           "padded_tokens": a.seqs * a.seq_len, "path": "padded" if a.padded else "length groups",
            "target_tokens_per_s": tokens / med, "spread": (max(times) - min(times)) / med,
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None,
            "linear_attention": kernels, "target_layer_ids": layer_ids,
@@ -67,13 +85,13 @@ def main(argv=None):
     print(json.dumps(out))
 
 
-def timed_forwards(producer, ids, warmup, steps, want_last, dev) -> list[float]:
+def timed_forwards(step, warmup, steps, dev) -> list[float]:
     times = []
     for i in range(warmup + steps):
         if dev == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
-        producer.forward(ids, want_last=want_last)
+        step()
         if dev == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t
@@ -81,7 +99,6 @@ def timed_forwards(producer, ids, warmup, steps, want_last, dev) -> list[float]:
         if i >= warmup:
             times.append(dt)
     return times
-
 
 if __name__ == "__main__":
     main()

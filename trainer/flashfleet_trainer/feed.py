@@ -83,8 +83,7 @@ class InProcessFeed(Feed):
     def get(self, key, idx) -> Features:
         ids, lengths = pad_batch(self.data, idx)
         t0 = time.perf_counter()
-        feats, last = self.producer.forward(ids, (torch.arange(ids.shape[1])[None] < lengths[:, None]).long(),
-                                            want_last=self.want_last)
+        feats, last = self.producer.forward_batch(ids, lengths, want_last=self.want_last)
         _sync(self.devices)
         dt = time.perf_counter() - t0
         return Features(feats, last, lengths, dt, dt)

@@ -723,6 +723,25 @@ def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen
     return out.view(n, b, -1)
 
 
+PADDING_SLACK = 0.1  # a target forward group may hold up to 10% padding (fewer, larger forwards)
+
+
+def length_groups(lengths: list[int], slack: float = PADDING_SLACK) -> list[list[int]]:
+    """Sequence indices grouped for the target: longest first, a group grows while its padded
+    tokens (size x its longest) stay within (1 + slack) x its real tokens. All lengths equal: one
+    group. Deterministic (ties keep index order)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups, real = [], 0
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= (1 + slack) * (real + lengths[i]):
+            groups[-1].append(i)
+            real += lengths[i]
+        else:
+            groups.append([i])
+            real = lengths[i]
+    return groups
+
+
 class HiddenStateProducer:
     """The frozen target, one replica per target device; produces features for micro-batches.
 
@@ -787,6 +806,31 @@ class HiddenStateProducer:
                 h.remove()
         feats = torch.cat([captured[i] for i in self.layer_ids], dim=-1)
         return feats.to(self.out_device), last
+
+
+    def forward_batch(self, ids, lengths, want_last=True, slack=PADDING_SLACK):
+        """A right-padded micro-batch (ids [S, T], lengths [S]) -> (features, last) as forward()
+        gives them at every valid position, zeros at the padding; but run as one forward per group
+        of similar lengths (`length_groups`), so the target spends at most about `slack` of its work
+        on padding instead of padding every sequence to the longest. A group of equal lengths runs
+        without an attention mask (the unmasked fast attention path)."""
+        feats = last = None
+        for group in length_groups(lengths.tolist(), slack):
+            sub_len = lengths[group]
+            t = int(sub_len.max())
+            mask = None if bool((sub_len == t).all()) else (torch.arange(t)[None] < sub_len[:, None]).long()
+            f, h = self.forward(ids[group, :t], mask, want_last=want_last)
+            if feats is None:
+                feats = f.new_zeros(ids.shape[0], ids.shape[1], f.shape[-1])
+                last = None if h is None else h.new_zeros(ids.shape[0], ids.shape[1], h.shape[-1])
+            feats[group, :t] = f
+            if last is not None:
+                last[group, :t] = h
+        pad = (torch.arange(ids.shape[1])[None] >= lengths[:, None]).to(feats.device)  # a group's shorter rows
+        feats[pad] = 0
+        if last is not None:
+            last[pad] = 0
+        return feats, last
 
 
 class _FeaturesDone(Exception):

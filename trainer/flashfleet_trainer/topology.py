@@ -126,8 +126,7 @@ def target_worker(index, device, args, layer_ids, want_last, requests, replies, 
             return
         drafter, key, ids, lengths = req
         t0 = time.perf_counter()
-        attn = (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()
-        feats, last = producer.forward(ids, attn, want_last=want_last)
+        feats, last = producer.forward_batch(ids, lengths, want_last=want_last)
         if device != "cpu":
             torch.cuda.synchronize(device)
         replies[drafter].put((key, feats, last, lengths, time.perf_counter() - t0))

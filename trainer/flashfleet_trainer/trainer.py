@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from flashfleet.contract import messages
+from flashfleet.contract import metrics as contract
 
 from . import checkpoint as ckpt
 from . import wandb_compat
@@ -36,7 +38,7 @@ from .data import build_blocks, load_data, pack_epoch, sample_anchors
 from .evaluate import load_prompt_sets, speculative_tau
 from .feed import Feed, InProcessFeed
 from .loadwatch import LoadWatch
-from .loss import acceptance_proxy, drafter_loss, get_loss_fn
+from .loss import IGNORE, acceptance_proxy, drafter_loss, get_loss_fn
 from .metrics import MetricsLog, Status, begin_run
 from .model import (
     DFlashDrafter,
@@ -143,6 +145,17 @@ def load_optimizer_state(opt, saved: dict) -> None:
     opt.load_state_dict(saved)
 
 
+def shift_labels_late(blocks) -> torch.Tensor:
+    """DIAGNOSTIC (Trainer.LABEL_SHIFT): block position k labelled with the token at anchor+k-1
+    (position 1 with the anchor itself) instead of anchor+k, where the original has a label. The
+    drafter learns these easily (high training accuracy) and is served one position off (tau ~1)."""
+    lab = blocks.labels
+    early = torch.cat([blocks.input_ids[:, :1], lab[:, 1:-1]], dim=1)
+    out = lab.clone()
+    out[:, 1:] = torch.where((lab[:, 1:] == IGNORE) | (early == IGNORE), IGNORE, early)
+    return out
+
+
 # ---- one drafter rank ------------------------------------------------------------------------
 
 @dataclass
@@ -191,6 +204,7 @@ class Trainer:
         self.loss_fn, self.loss_impl, self.attn_impl = None, None, None  # the resolved --loss-impl, --attn-impl
         self.upcoming = None  # iterator over the global sequence from the current position
         self.eval_spent_s = 0.0  # wall time of this process's interval evaluations
+        self.proxy_sum, self.proxy_n = 0.0, 0  # accept_proxy of the steps since the last evaluation
 
     def request_stop(self, *_):
         """SIGTERM: finish the current step, save, exit 0."""
@@ -254,18 +268,10 @@ class Trainer:
     def resume(self) -> Path | None:
         """Load the checkpoint --resume names (auto: the newest complete one); the path, or None."""
         a = self.args
-        if a.resume == "never":
+        found = ckpt.resume_checkpoint(a.resume, self.ckpt_root, self.plan.checkpoints)  # preflight verified it
+        if found is None:
             return None
-        if a.resume == "auto":
-            path = ckpt.newest_complete(self.ckpt_root)
-            if path is None:
-                return None
-        else:
-            path = Path(a.resume)
-            if not ckpt.is_complete(path):
-                raise ConfigError(f"--resume {path} is not a complete checkpoint (manifest missing or mismatched)",
-                                  "pass --resume auto or a complete checkpoints/step-XXXXXXXX")
-        weights, cfg, state = ckpt.load_checkpoint(path, map_location="cpu")
+        path, (weights, cfg, state) = found
         # preflight refused a different drafter already; kept here for callers that skip it
         diff = ckpt.drafter_differences(self.dcfg.to_dict(), DrafterConfig.from_dict(cfg).to_dict())
         if diff:
@@ -308,6 +314,8 @@ class Trainer:
         if sum(len(x) for x in anchors) == 0:
             return out  # nothing supervised in this micro-batch
         blocks = build_blocks(list(seqs), list(masks), anchors, a.block_size, self.dcfg.mask_token_id)
+        if self.LABEL_SHIFT:
+            blocks.labels = shift_labels_late(blocks)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dev.startswith("cuda")):
             student = drafter_hidden(self.drafter, self.embed_weight, f.feats, blocks, noise, gen,
                                      attn_impl=self.attn_impl)
@@ -491,7 +499,31 @@ class Trainer:
             self.eval_spent_s += res["eval_s"]
             self.log_eval(res, metrics, wandb_run)
 
+    # The guard against "training accuracy high, tau about 1" (SpecForge #455): an evaluation whose
+    # greedy tau has realised less than TAU_GAP_RATIO of what the training accuracy implies
+    # (1 + accept_proxy, which underestimates a healthy drafter's tau), once that is at least
+    # TAU_GAP_MIN_TRAIN_TAU, warns. Healthy drafters measure at or above the proxy.
+    TAU_GAP_MIN_TRAIN_TAU, TAU_GAP_RATIO = 2.0, 0.3
+    # DIAGNOSTIC, for tests only (no flag sets it): 1 trains every block position on the token one
+    # position early (shift_labels_late), the misalignment the guard above exists to catch.
+    LABEL_SHIFT = 0
+
+    def tau_gap(self, res) -> tuple[float | None, str | None]:
+        """(1 + the mean accept_proxy since the last evaluation, or None; the warning, or None)."""
+        if not self.proxy_n:
+            return None, None
+        train_tau = 1 + self.proxy_sum / self.proxy_n
+        self.proxy_sum, self.proxy_n = 0.0, 0
+        tau = res["tau_pooled"]
+        if res.get("temperature") or train_tau < self.TAU_GAP_MIN_TRAIN_TAU:
+            return train_tau, None
+        if tau - 1 < self.TAU_GAP_RATIO * (train_tau - 1):
+            return train_tau, messages.tau_gap(self.step, tau, train_tau)
+        return train_tau, None
+
     def log_eval(self, res, metrics, wandb_run):
+        train_tau, warning = self.tau_gap(res)
+        res = {**res, contract.TRAIN_TAU: train_tau, contract.TAU_GAP_WARNING: warning}
         metrics.write({"step": self.step, **res})
         wandb_run.log({"tau_pooled": res["tau_pooled"], "tau_prompt_mean": res["tau_prompt_mean"],
                        **{f"accept_rate/pos{k + 1}": r for k, r in enumerate(res["accept_rate"]) if r is not None}},
@@ -499,6 +531,8 @@ class Trainer:
         self.log(f"{res['eval']} evaluation at step {self.step}: tau_pooled {res['tau_pooled']:.3f}, "
                  f"tau_prompt_mean {res['tau_prompt_mean']:.3f} over {res['prompts']} prompts "
                  f"(block {self.args.block_size}, {res['cycles']} cycles, {res['eval_s']:.1f} s)")
+        if warning:
+            self.log(warning)
 
     # ---- the loop ----------------------------------------------------------------------------
     def train(self, metrics, wandb_run, on_step=None) -> str:
@@ -523,6 +557,8 @@ class Trainer:
             if main:
                 metrics.write(rec)
                 wandb_run.log(rec, self.step)
+                if math.isfinite(rec["accept_proxy"]):
+                    self.proxy_sum, self.proxy_n = self.proxy_sum + rec["accept_proxy"], self.proxy_n + 1
             if not self.status.state["ready"]:
                 self.r.notifier.ready(f"training, step {self.step}")
                 self.status.update(ready=True)

@@ -41,6 +41,13 @@ def nonfinite_loss(step: int, value: float, what: str = "loss") -> str:
             "from an earlier checkpoint)")
 
 
+def tau_gap(step: int, tau: float, train_tau: float) -> str:
+    """An evaluation's tau near 1 while the training accuracy implies much more (SpecForge #455)."""
+    return warning(f"tau {tau:.2f} at step {step} while the training accuracy implies {train_tau:.2f}: the drafter "
+                   "learns its labels but not the tokens it is served at; likely cause: labels shifted or "
+                   "misaligned by a position (block label k must be the token AT anchor+k)")
+
+
 def went_first(node: int, first: int, why: str) -> str:
     """A node's account of a failure another node started."""
     return f"node {node}: stopping, node {first} went first: {why}"

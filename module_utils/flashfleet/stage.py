@@ -40,6 +40,7 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -65,6 +66,49 @@ AUTH_CODES = {
 
 
 RETRY_BACKOFF_S = 1.0  # attempt n waits n times this after a transient error (tests set 0)
+PROGRESS_EVERY_S = 2.0  # the progress file is rewritten at most this often during a transfer
+PROGRESS_KEYS = ("bytes_done", "bytes_total", "files_done", "files_total", "file", "elapsed_s", "done")
+
+
+class Progress:
+    """A transfer's progress, for a person: the module's progress_file, rewritten atomically at most
+    every PROGRESS_EVERY_S seconds while the files download (PROGRESS_KEYS: bytes moved of those to
+    move, files done, the file that moved last, seconds, done). Ansible cannot stream a module's
+    output, so the dataset role runs the module async and prints this file meanwhile. Best effort:
+    a progress file that cannot be written stops being written, the staging goes on."""
+
+    def __init__(self, path, files_total, bytes_total):
+        self.path, self.lock, self.t0, self.last = path, threading.Lock(), time.monotonic(), 0.0
+        self.rec = dict.fromkeys(PROGRESS_KEYS, 0) | {"bytes_total": bytes_total, "files_total": files_total,
+                                                      "file": None, "done": False}
+        self._write()
+
+    def add(self, rel, n):
+        with self.lock:
+            self.rec["bytes_done"] += n
+            self.rec["file"] = rel
+            if time.monotonic() - self.last >= PROGRESS_EVERY_S:
+                self._write()
+
+    def file_done(self):
+        with self.lock:
+            self.rec["files_done"] += 1
+
+    def finish(self):
+        with self.lock:
+            self.rec["done"] = True
+            self._write()
+
+    def _write(self):
+        if self.path is None:
+            return
+        self.last = time.monotonic()
+        self.rec["elapsed_s"] = round(self.last - self.t0, 1)
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            files.atomic_write_text(self.path, json.dumps(self.rec) + "\n")
+        except OSError:
+            self.path = None
 
 
 class StageError(Exception):
@@ -529,7 +573,7 @@ def _read(body, n):
         raise Transient(f"the transfer broke off ({type(e).__name__}: {e})") from None
 
 
-def _download(source, rel, ent, root, action, offset, attempts, host="?"):
+def _download(source, rel, ent, root, action, offset, attempts, host="?", progress=None):
     """Fetch one file into place; returns (action taken, bytes transferred, sha256 hex).
 
     Transient network errors and a stream that ends early are retried (resuming); the source's
@@ -585,6 +629,8 @@ def _download(source, rel, ent, root, action, offset, attempts, host="?"):
                         streamed[0].update(buf)
                         streamed[1].update(buf)
                     moved += len(buf)
+                    if progress is not None:
+                        progress.add(rel, len(buf))
             finally:
                 body.close()
             f.flush()
@@ -634,9 +680,11 @@ REPAIR_FIX = ("find out what changed them (they are left as they are); to replac
               "with repair: true (the dataset role: -e dataset_repair=true)")
 
 
-def stage(source, expected, root, concurrency, attempts, check_mode=False, recorded=None, repair=False, host="?"):
+def stage(source, expected, root, concurrency, attempts, check_mode=False, recorded=None, repair=False, host="?",
+          progress_file=None):
     """Bring root to `expected`. Returns (results {rel: (action, bytes, sha)}, seconds of transfer).
     recorded: the manifest of an earlier run, for quick verify (None: hash every present file).
+    progress_file: where the transfer's Progress is written (None: nowhere).
     A present file of other content is fetched again only with repair; without it, nothing is
     transferred and the StageError lists those files. Directories are made only when a file arrives."""
     results = {}
@@ -678,15 +726,21 @@ def stage(source, expected, root, concurrency, attempts, check_mode=False, recor
         for rel, action, _ in todo:
             results[rel] = (action, 0, None)
         return results, 0.0
+    progress = None
+    if progress_file:
+        progress = Progress(progress_file, len(todo), sum(
+            expected[rel]["size"] - (offset if action == "resume" else 0) for rel, action, offset in todo))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         futs = {}
         for rel, action, offset in todo:
             act, off = ("fetch", 0) if action == "refetched" else (action, offset)
-            fut = pool.submit(_download, source, rel, expected[rel], root, act, off, attempts, host)
+            fut = pool.submit(_download, source, rel, expected[rel], root, act, off, attempts, host, progress)
             futs[fut] = (rel, action)
         errors = []
         for fut in concurrent.futures.as_completed(futs):
             rel, planned = futs[fut]
+            if progress is not None:
+                progress.file_done()
             try:
                 taken, moved, sha = fut.result()
             except StageError as e:
@@ -699,6 +753,8 @@ def stage(source, expected, root, concurrency, attempts, check_mode=False, recor
             if taken == "refetched":
                 name = "refetched"
             results[rel] = (name, moved, sha)
+    if progress is not None:
+        progress.finish()
     seconds = time.monotonic() - start
     if errors:
         errors.sort(key=lambda e: str(e.file))
@@ -887,7 +943,7 @@ def execute(p: dict, check_mode: bool = False, warn=lambda msg: None) -> dict:
                 "mismatched": [rel for rel, _ in mismatched], "manifest": manifest}
 
     results, seconds = stage(source, expected, dest, p["concurrency"], p["retries"], check_mode, trusted,
-                             repair=p["repair"], host=host)
+                             repair=p["repair"], host=host, progress_file=p.get("progress_file"))
     counts = {"skipped": 0, "downloaded": 0, "resumed": 0, "refetched": 0}
     moved = 0
     for action, nbytes, _sha in results.values():

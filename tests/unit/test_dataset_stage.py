@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import flashfleet.stage as fs
 import pytest
 from flashfleet.contract import safetensors
 
-from tests.conftest import ROOT, failure_messages
+from tests.conftest import ROOT, failure_messages, local_inventory
 
 
 class MemSource:
@@ -516,15 +517,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.close_connection = True
                 self.connection.shutdown(2)
                 return
+            if srv.rate:  # a slow link: rate bytes per second, in tenths of a second
+                step = max(1, srv.rate // 10)
+                for i in range(0, len(payload), step):
+                    self.wfile.write(payload[i:i + step])
+                    self.wfile.flush()
+                    time.sleep(0.1)
+                return
             self.wfile.write(payload)
 
 
 @pytest.fixture
 def http_source():
     """(base URL, server): server.files to serve, server.faults (per GET: '503', 'cut'),
-    server.no_head, server.log of (method, name, Range)."""
+    server.no_head, server.rate (bytes per second of a GET's body; 0: as fast as it goes),
+    server.log of (method, name, Range)."""
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.files, srv.faults, srv.log, srv.no_head, srv.lock = {}, [], [], False, threading.Lock()
+    srv.rate = 0
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}/base/", srv
@@ -846,3 +856,98 @@ def test_module_in_a_real_play_answers_json_for_every_bad_input(tmp_path, run_pl
     assert failed["verify-only"]["mismatched"] == ["w.bin"] and (tmp_path / "m" / "w.bin").read_bytes() == b"changed!"
     for d in ("d404", "dsize", "dret"):
         assert not (tmp_path / d).exists()
+
+
+# ---------------------------------------------------------------- progress of a long download
+
+
+def test_progress_file_grows_while_a_slow_download_runs_and_says_done(tmp_path, http_source, monkeypatch):
+    """The progress record (PROGRESS_KEYS) is rewritten during the transfer, bytes growing, and
+    ends done with every byte; the module's result is the same as without it."""
+    monkeypatch.setattr(fs, "PROGRESS_EVERY_S", 0.2)
+    base, srv = http_source
+    srv.files = {"base/a.bin": os.urandom(600_000), "base/b.bin": os.urandom(200_000)}
+    srv.rate = 400_000
+    files = {"a.bin": srv.files["base/a.bin"], "b.bin": srv.files["base/b.bin"]}
+    progress = tmp_path / "p" / "progress.json"
+    seen = []
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            if progress.exists():
+                seen.append(json.loads(progress.read_text()))
+            time.sleep(0.2)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        result = fs.execute(_params(src=base, dest=str(tmp_path / "d"), manifest=_manifest(files),
+                                    progress_file=str(progress), concurrency=1))
+    finally:
+        done.set()
+        t.join()
+    assert result["counts"]["downloaded"] == 2 and result["bytes_transferred"] == 800_000
+    assert all(tuple(r) == fs.PROGRESS_KEYS for r in seen), seen
+    moving = sorted({r["bytes_done"] for r in seen if not r["done"]})
+    assert len(moving) >= 2 and moving[-1] > moving[0], seen
+    assert {r["bytes_total"] for r in seen} == {800_000} and {r["files_total"] for r in seen} == {2}
+    final = json.loads(progress.read_text())
+    assert final["done"] and final["bytes_done"] == 800_000 and final["files_done"] == 2, final
+    without = fs.execute(_params(src=base, dest=str(tmp_path / "d2"), manifest=_manifest(files)))
+    assert {k: v for k, v in without.items() if k not in ("dest", "seconds", "throughput_bps")} == {
+        k: v for k, v in result.items() if k not in ("dest", "seconds", "throughput_bps")}
+
+
+def _role_play(tmp_path, base, **item):
+    play = [{"hosts": "all", "gather_facts": False, "tasks": [{"ansible.builtin.include_role": {"name": "dataset"}}],
+             "vars": {"dataset_data": [{"name": "tok", "src": base, **item}], "dataset_models": [],
+                      "dataset_data_root": str(tmp_path / "data"), "dataset_check_boto3": False,
+                      "dataset_progress_s": 1, "dataset_retries": 1}}]
+    (tmp_path / "play.yml").write_text(json.dumps(play))
+    return tmp_path / "play.yml"
+
+
+def _staging_lines(runner) -> list[str]:
+    return [ev["event_data"]["res"]["msg"] for ev in runner.events if ev.get("event") == "runner_on_ok"
+            and ev["event_data"].get("task") == "Say how the staging goes"]
+
+
+def test_the_role_prints_progress_lines_during_a_slow_download(tmp_path, run_playbook, http_source):
+    """The dataset role runs the module async and prints its progress file every
+    dataset_progress_s seconds: growing bytes, a percentage, the file, the time elapsed; then the
+    module's own result as before."""
+    base, srv = http_source
+    data = {"shard-0.bin": os.urandom(1_500_000), "shard-1.bin": os.urandom(1_500_000)}
+    srv.files = {f"base/{k}": v for k, v in data.items()}
+    # 3 MB at 100 kB/s per file, two at once: about 15 s (a look costs Ansible several seconds here)
+    srv.rate = 100_000
+    r = run_playbook(_role_play(tmp_path, base, manifest=_manifest(data)), local_inventory(tmp_path))
+    assert r.rc == 0, "\n".join(failure_messages(r))
+    lines = _staging_lines(r)
+    got = [re.search(r"staging, (\d+)m(\d+)s elapsed; ([\d.]+)/2\.9 MiB \((\d+)%\), \d/2 files(, shard-\d\.bin)?$", x)
+           for x in lines]
+    assert len(lines) >= 2 and all(got), lines
+    done = [float(m.group(3)) for m in got]
+    assert done == sorted(done) and done[-1] > done[0], lines
+    percent = [int(m.group(4)) for m in got]
+    assert percent == sorted(percent) and any(0 < p < 100 for p in percent), lines
+    elapsed = [int(m.group(1)) * 60 + int(m.group(2)) for m in got]
+    assert elapsed == sorted(elapsed) and elapsed[-1] > elapsed[0], lines
+    assert all(x.startswith("data tok: staging, ") for x in lines)
+    assert "data tok: staging, 0m" in r.stdout.read()
+    (report,) = [ev["event_data"]["res"]["msg"] for ev in r.events if ev.get("event") == "runner_on_ok"
+                 and ev["event_data"].get("task", "").startswith("Report data tok")]
+    assert "'downloaded': 2" in report and "3000000 bytes" in report, report
+    assert (tmp_path / "data" / "tok" / "shard-1.bin").read_bytes() == data["shard-1.bin"]
+
+
+def test_a_failing_staging_run_async_fails_with_the_modules_json(tmp_path, run_playbook, http_source):
+    base, srv = http_source
+    srv.files = {"base/a.bin": b"abc"}
+    r = run_playbook(_role_play(tmp_path, base, manifest={"a.bin": {"size": 4}}), local_inventory(tmp_path))
+    assert r.rc != 0
+    (res,) = [ev["event_data"]["res"] for ev in r.events if ev.get("event") == "runner_on_failed"]
+    assert res["host"] == "here" and res["file"] == "a.bin" and res["fix"], res
+    assert "3 bytes, the manifest says 4" in res["problem"] and res["msg"].startswith("here: a.bin: "), res
+    assert "Traceback" not in json.dumps(res) and not (tmp_path / "data").exists()

@@ -111,6 +111,13 @@ options:
   host_label:
     description: Name of the host in messages (the inventory name).
     type: str
+  progress_file:
+    description:
+      - Where to write the transfer's progress while files download (JSON, rewritten atomically every
+        few seconds; C(bytes_done), C(bytes_total), C(files_done), C(files_total), C(file),
+        C(elapsed_s), C(done)), for a caller that runs the module async and prints it. Its directory
+        should be private to the module's user (the dataset role uses a fresh temporary one).
+    type: path
   mode:
     description: C(stage) stages (or, without I(src), verifies); C(manifest) only hashes I(src).
     type: str
@@ -214,6 +221,7 @@ def main():
             host_label=dict(type="str"),
             mode=dict(type="str", choices=["stage", "manifest"], default="stage"),
             verify=dict(type="str", choices=["quick", "full"], default="quick"),
+            progress_file=dict(type="path"),
         ),
         required_together=[["access_key", "secret_key"]],
         supports_check_mode=True,

@@ -1,16 +1,36 @@
 #!/usr/bin/env bash
-# The demo's tiny target and data (dflash-tiny), made once per content and cached like the node
-# image: the cache folder is named by a hash of what decides the assets (the recipe, the locked
-# versions that run it, the seed), so a change to any of them makes new ones and an unchanged
-# recipe never rebuilds. Prints the folder; says on stderr whether it was built.
-#   platform/tiny-assets.sh [SEED]        (DFLASH_TINY: the dflash-tiny to run; default .venv's)
+# The tiny targets and data, made once per content and cached like the node image: the cache
+# folder is named by a hash of what decides the assets (the recipe, the locked versions that run
+# it, the seed; for `text` also the hashes of the standard-library files it is trained on), so a
+# change to any of them makes new ones and an unchanged recipe never rebuilds. Prints the folder;
+# says on stderr whether it was built.
+#   platform/tiny-assets.sh [SEED] [KIND]
+#     KIND phrase (default): dflash-tiny, the phrase-language target of the demo and the fast tests
+#          text: dflash-tiny-text, a target trained on Python standard-library source (minutes)
+#   DFLASH_TINY / DFLASH_TINY_TEXT: the program to run (default: the .venv's)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seed=${1:-0}
-tiny=${DFLASH_TINY:-$root/.venv/bin/dflash-tiny}
-key=$( { cat "$root/trainer/flashfleet_trainer/tiny.py" "$root/requirements/controller.lock"; echo "seed=$seed"; } \
+kind=${2:-phrase}
+py="$root/.venv/bin/python"
+case "$kind" in
+  phrase)
+    make=("${DFLASH_TINY:-$root/.venv/bin/dflash-tiny}")
+    recipe=("$root/trainer/flashfleet_trainer/tiny.py")
+    sources=""
+    prefix=tiny ;;
+  text)
+    if [ -n "${DFLASH_TINY_TEXT:-}" ]; then make=("$DFLASH_TINY_TEXT"); else make=("$py" -m flashfleet_trainer.tinytext); fi
+    recipe=("$root/trainer/flashfleet_trainer/tiny.py" "$root/trainer/flashfleet_trainer/tinytext.py")
+    sources=$("${make[@]}" --list-sources)
+    prefix=tiny-text ;;
+  *)
+    echo "tiny assets: unknown kind '$kind' (fix: pass phrase or text)" >&2
+    exit 2 ;;
+esac
+key=$( { cat "${recipe[@]}" "$root/requirements/controller.lock"; echo "seed=$seed"; [ -z "$sources" ] || echo "$sources"; } \
        | sha256sum | cut -c1-16)
-out="$root/.cache/tiny-$key"
+out="$root/.cache/$prefix-$key"
 if [ -f "$out/tiny.json" ]; then
   echo "tiny assets: $out is up to date" >&2
 else
@@ -18,7 +38,7 @@ else
   tmp="$out.tmp-$$"
   trap 'rm -rf "$tmp"' EXIT
   start=$(date +%s)
-  "$tiny" --seed "$seed" "$tmp" >&2
+  "${make[@]}" --seed "$seed" "$tmp" >&2
   mv -T "$tmp" "$out" 2>/dev/null || echo "tiny assets: $out was made meanwhile; keeping that one" >&2
   echo "tiny assets: built $out in $(( $(date +%s) - start )) s" >&2
 fi

@@ -14,16 +14,21 @@ def trainer_tiny(tmp_path_factory):
     return out
 
 
+def tiny_argv(tiny, out, *extra) -> list[str]:
+    """A small, fast dflash-train argv for the tiny assets at `tiny`, writing to `out` (extra flags appended)."""
+    return ["--target-model", str(tiny / "model"), "--data-dir", str(tiny / "data"),
+            "--output-dir", str(out), "--target-gpus", "cpu", "--drafter-gpus", "cpu",
+            "--block-size", "4", "--num-draft-layers", "1", "--token-budget", "256", "--max-seq-len", "32",
+            "--max-batch-size", "8", "--max-anchors", "16", "--lr", "1e-3", "--warmup-ratio", "0.1",
+            "--noise-start", "0.1", "--noise-end", "0.01", "--eval-num-prompts", "0", *extra]
+
+
 @pytest.fixture
 def trainer_argv(trainer_tiny, tmp_path):
     """A function returning a small, fast dflash-train argv for the tiny assets (extra flags appended)."""
 
     def argv(*extra, out=None):
-        return ["--target-model", str(trainer_tiny / "model"), "--data-dir", str(trainer_tiny / "data"),
-                "--output-dir", str(out or tmp_path / "run"), "--target-gpus", "cpu", "--drafter-gpus", "cpu",
-                "--block-size", "4", "--num-draft-layers", "1", "--token-budget", "256", "--max-seq-len", "32",
-                "--max-batch-size", "8", "--max-anchors", "16", "--lr", "1e-3", "--warmup-ratio", "0.1",
-                "--noise-start", "0.1", "--noise-end", "0.01", "--eval-num-prompts", "0", *extra]
+        return tiny_argv(trainer_tiny, out or tmp_path / "run", *extra)
     return argv
 
 

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,6 +31,8 @@ from flashfleet.contract import checkpoint as contract
 from flashfleet.contract import messages
 from flashfleet.contract.files import fsync_dir, fsync_file
 from safetensors.torch import load_file, save_file
+
+from .config import ConfigError
 
 WEIGHTS, CONFIG, STATE, MANIFEST = contract.WEIGHTS, contract.CONFIG, contract.STATE, contract.MANIFEST
 step_dir_name = contract.step_dir_name
@@ -125,27 +128,48 @@ def clean_leftovers(root: Path) -> list[str]:
     return removed
 
 
-def broken_newest(root: Path) -> tuple[list[dict], Path | None]:
+@dataclass
+class Found:
+    """What a start resumes from, verified in full ONCE (preflight) and passed on to `prepare` and
+    the trainer's resume, which then hash nothing again (sha256 of a large drafter's weights and
+    optimizer state is seconds to minutes per pass)."""
+
+    root: Path  # the checkpoints directory looked at
+    resume: str  # the --resume it answers: "auto" or an explicit path
+    path: Path | None  # the checkpoint to load (sizes, sha256, header, marker verified); None: scratch
+    newer: list = field(default_factory=list)  # auto: scan entries newer than path, with their problems
+
+
+def broken_newest(root: Path, verified: Path | None = None) -> tuple[list[dict], Path | None]:
     """([scan entries of the step directories newer than the newest complete one], that one):
-    what `prepare` moves aside and what the run then resumes from."""
-    good = newest_complete(root)
-    step = -1 if good is None else contract.step_of(good.name)
-    bad = [c for c in contract.scan(root) if not c["in_progress"] and c["step"] > step]
-    for c in bad:
-        c["problems"] = contract.verify(c["path"], check_hashes=True) or c["problems"]
-    return bad, good
+    what `prepare` moves aside and what the run then resumes from. One walk from the newest step
+    down: each directory is hashed at most once, and the walk stops at the first that verifies.
+    `verified`: a directory this start has just verified in full (an explicit --resume): not hashed again."""
+    entries = [c for c in contract.scan(root) if not c["in_progress"]]  # sizes and header only
+    bad = []
+    for c in reversed(entries):
+        if not c["problems"] and (verified is None or Path(c["path"]) != Path(verified)):
+            c["problems"] = contract.verify(c["path"], check_hashes=True)
+        if not c["problems"]:
+            return bad[::-1], Path(c["path"])
+        bad.append(c)
+    return bad[::-1], None
 
 
-def prepare(root: Path, log=print) -> list[Path]:
+def prepare(root: Path, log=print, found: Found | None = None) -> list[Path]:
     """At a start that passed preflight (never at --check): clean leftovers of dead saves and
     prunes, and move every step directory newer than the newest complete one aside, loudly.
-    Returns the quarantined paths."""
+    `found`: what preflight verified for --resume auto under this root (nothing is hashed again);
+    without it the directory is verified here. Returns the quarantined paths."""
     root = Path(root)
     if not root.is_dir():
         return []
-    for name in clean_leftovers(root):
+    for name in clean_leftovers(root):  # .tmp-/.trash- names only: never among found.newer
         log(f"removed {root / name} (left by a save or prune that was killed)")
-    bad, good = broken_newest(root)
+    if _answers(found, root, "auto"):
+        bad, good = found.newer, found.path
+    else:  # an explicit --resume still has a broken newest moved aside; its own path is not hashed again
+        bad, good = broken_newest(root, found.path if found is not None else None)
     moved = []
     for c in bad:
         dest = root / contract.quarantine_name(root, c["step"])
@@ -192,10 +216,37 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def load_checkpoint(path: Path, map_location="cpu") -> tuple[dict, dict, dict]:
-    """(weights, config, trainer_state) of a complete checkpoint; raises if it is not complete."""
+def _answers(found: Found | None, root: Path, resume: str) -> bool:
+    """True iff `found` was verified for this checkpoints root and this --resume."""
+    return found is not None and Path(found.root) == Path(root) and found.resume == resume
+
+
+def resume_checkpoint(resume: str, root: Path, found: Found | None = None):
+    """(path, (weights, config, trainer_state)) of the checkpoint `--resume` names (auto: the
+    newest complete one under root), or None for none / `never`. `found`: preflight's result for
+    this root and --resume; its path is loaded without hashing again, anything else is verified in
+    full here (callers that skip preflight). An explicit path that does not verify is a ConfigError."""
+    if resume == "never":
+        return None
+    if _answers(found, root, resume):
+        return None if found.path is None else (found.path, load_checkpoint(found.path, verified=True))
+    if resume == "auto":
+        path = newest_complete(root)
+        return None if path is None else (path, load_checkpoint(path, verified=True))
+    path = Path(resume)
+    problems = contract.verify(path, check_hashes=True)
+    if problems:
+        raise ConfigError(f"--resume {path} is not a complete checkpoint ({problems[0]})",
+                          "pass --resume auto or a complete checkpoints/step-XXXXXXXX")
+    return path, load_checkpoint(path, verified=True)
+
+
+def load_checkpoint(path: Path, map_location="cpu", verified: bool = False) -> tuple[dict, dict, dict]:
+    """(weights, config, trainer_state) of a complete checkpoint; raises if it is not complete.
+    `verified`: the caller has just verified it in full (sizes, sha256, header), so it is not
+    hashed again."""
     path = Path(path)
-    problems = contract.verify(path)
+    problems = [] if verified else contract.verify(path)
     if problems:
         raise ValueError(f"{path} is not a complete checkpoint: {'; '.join(problems)}")
     weights = load_file(str(path / WEIGHTS), device=str(map_location))

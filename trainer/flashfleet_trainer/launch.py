@@ -29,7 +29,8 @@ def run(args, log=print, on_step=None) -> int:
     if args.plan:
         return run_plan(args, plan, log)
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)  # the start is known good: writes begin here
-    prepare_checkpoints(Path(args.output_dir) / CHECKPOINTS, log)  # leftovers cleaned, broken newest moved aside
+    # leftovers cleaned, broken newest moved aside (as preflight found them: nothing hashed again)
+    prepare_checkpoints(Path(args.output_dir) / CHECKPOINTS, log, plan.checkpoints)
     if plan.in_process(args):
         run_rank(args, plan, log, on_step)
         return 0

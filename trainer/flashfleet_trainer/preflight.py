@@ -61,6 +61,9 @@ class Plan:
     summary: list  # the lines `--check` prints
     drafter_config: DrafterConfig = None
     vocab_size: int = 0
+    # What --resume resolved to, verified in full once here (None: --resume never); the start's
+    # `prepare` and the trainer's resume use it instead of hashing the checkpoint again.
+    checkpoints: ckpt.Found | None = None
 
     def in_process(self, args) -> bool:
         """One target and one drafter sharing a device on one node: no processes needed."""
@@ -324,16 +327,18 @@ def check_wandb_credentials(project, settings: dict) -> str:
                       "set WANDB_API_KEY (or run `wandb login` as the run's user), or WANDB_MODE=offline")
 
 
-def check_checkpoints(args, dcfg: DrafterConfig, world: int) -> list[str]:
+def check_checkpoints(args, dcfg: DrafterConfig, world: int) -> tuple[list[str], ckpt.Found | None]:
     """What the run will resume from, checked now: an explicit --resume path must verify in full;
     with auto, the newest complete checkpoint (sizes, sha256, header, marker), and step
     directories newer than it are named (a start moves them aside). The chosen checkpoint's
-    drafter and micro-batches per optimizer step must be this run's. Summary lines."""
+    drafter and micro-batches per optimizer step must be this run's. (Summary lines, what was
+    verified: the one full verification of a start.)"""
     root = Path(args.output_dir) / CHECKPOINTS
     if args.resume == "never":
         n = len(ckpt.complete_checkpoints(root))
         return ["checkpoints: --resume never, starting from scratch" + (
-            f" ({n} complete checkpoint(s) in {root} are not read; saving a step they hold replaces it)" if n else "")]
+            f" ({n} complete checkpoint(s) in {root} are not read; saving a step they hold replaces it)" if n else "")
+        ], None
     lines = []
     if args.resume != "auto":
         path = Path(args.resume)
@@ -341,13 +346,15 @@ def check_checkpoints(args, dcfg: DrafterConfig, world: int) -> list[str]:
         if problems:
             raise ConfigError(f"--resume {path} is not a complete checkpoint ({problems[0]})",
                               "pass --resume auto (the newest complete one) or a complete checkpoints/step-XXXXXXXX")
+        found = ckpt.Found(root=root, resume=args.resume, path=path)
     else:
         bad, path = ckpt.broken_newest(root)
+        found = ckpt.Found(root=root, resume="auto", path=path, newer=bad)
         for c in bad:
             lines.append(f"WARNING checkpoint {c['path']} is not complete ({c['problems'][0]}): a start moves it aside "
                          f"to {ckpt_contract.quarantine_name(root, c['step'])} (kept, never deleted)")
         if path is None:
-            return lines + [f"checkpoints: no complete checkpoint in {root}, starting from scratch"]
+            return lines + [f"checkpoints: no complete checkpoint in {root}, starting from scratch"], found
     try:
         cfg = json.loads((path / ckpt.CONFIG).read_text())
         theirs = DrafterConfig.from_dict(cfg).to_dict()
@@ -372,7 +379,7 @@ def check_checkpoints(args, dcfg: DrafterConfig, world: int) -> list[str]:
                           "would mean something else", f"pass {hint}, or use a new --output-dir or --resume never")
     lines.append(f"checkpoints: resumes from {path} (step {state.get('step')}; verified: sizes, sha256, header, "
                  f"marker; the same drafter; {per_step} micro-batches per step as saved)")
-    return lines
+    return lines, found
 
 
 def drafter_config(args, tcfg, layer_ids, mask_id) -> DrafterConfig:
@@ -504,7 +511,8 @@ def preflight(args) -> Plan:
 
         check_init_from(args, dcfg)
         summary.append(f"init from {args.init_from}: the same drafter (config and tensor shapes match)")
-    summary += check_checkpoints(args, dcfg, world)
+    lines, found = check_checkpoints(args, dcfg, world)
+    summary += lines
 
     # Memory: target replicas in their compute dtype, drafter params + grads + AdamW state in fp32.
     if weights is not None:  # the tensors a replica loads (a wrapped checkpoint's language model only)
@@ -564,4 +572,4 @@ def preflight(args) -> Plan:
         raise ConfigError(f"--output-dir {out} is not writable", "create it or fix its ownership")
     return Plan(target_config=tcfg, layer_ids=layer_ids, mask_token_id=mask_id, target_devices=target_devices,
                 drafter_devices=drafter_devices, data_files=files, data_rows=rows, wandb_settings=settings,
-                summary=summary, drafter_config=dcfg, vocab_size=vocab)
+                summary=summary, drafter_config=dcfg, vocab_size=vocab, checkpoints=found)

@@ -50,6 +50,7 @@ from .model import (
 )
 from .notify import Notifier
 from .preflight import Plan
+from .sampling import Sampling
 
 # ---- schedules -----------------------------------------------------------------------------------
 
@@ -204,7 +205,7 @@ class Trainer:
         self.loss_fn, self.loss_impl, self.attn_impl = None, None, None  # the resolved --loss-impl, --attn-impl
         self.upcoming = None  # iterator over the global sequence from the current position
         self.eval_spent_s = 0.0  # wall time of this process's interval evaluations
-        self.proxy_sum, self.proxy_n = 0.0, 0  # accept_proxy of the steps since the last evaluation
+        self.recent_proxy = []  # accept_proxy of the newest training steps (the guard's window)
 
     def request_stop(self, *_):
         """SIGTERM: finish the current step, save, exit 0."""
@@ -477,7 +478,8 @@ class Trainer:
         t0 = time.perf_counter()
         sets = load_prompt_sets(path, n)
         res = speculative_tau(self.producer, self.drafter, sets if len(sets) > 1 else next(iter(sets.values())),
-                              a.block_size, a.eval_max_new_tokens)
+                              a.block_size, a.eval_max_new_tokens,
+                              sampling=Sampling(getattr(a, "eval_temperature", 0.0)), seed=a.seed)
         res.pop("per_prompt")
         return {**res, "eval": kind, "eval_s": time.perf_counter() - t0}
 
@@ -500,22 +502,21 @@ class Trainer:
             self.log_eval(res, metrics, wandb_run)
 
     # The guard against "training accuracy high, tau about 1" (SpecForge #455): an evaluation whose
-    # greedy tau has realised less than TAU_GAP_RATIO of what the training accuracy implies
-    # (1 + accept_proxy, which underestimates a healthy drafter's tau), once that is at least
-    # TAU_GAP_MIN_TRAIN_TAU, warns. Healthy drafters measure at or above the proxy.
-    TAU_GAP_MIN_TRAIN_TAU, TAU_GAP_RATIO = 2.0, 0.3
+    # tau has realised less than TAU_GAP_RATIO of what the training accuracy of the newest
+    # TAU_GAP_WINDOW steps implies (1 + accept_proxy, which underestimates a healthy drafter's tau),
+    # once that is at least TAU_GAP_MIN_TRAIN_TAU, warns.
+    TAU_GAP_MIN_TRAIN_TAU, TAU_GAP_RATIO, TAU_GAP_WINDOW = 2.0, 0.3, 10
     # DIAGNOSTIC, for tests only (no flag sets it): 1 trains every block position on the token one
     # position early (shift_labels_late), the misalignment the guard above exists to catch.
     LABEL_SHIFT = 0
 
     def tau_gap(self, res) -> tuple[float | None, str | None]:
-        """(1 + the mean accept_proxy since the last evaluation, or None; the warning, or None)."""
-        if not self.proxy_n:
+        """(1 + the mean accept_proxy of the newest steps, or None; the warning, or None)."""
+        if not self.recent_proxy:
             return None, None
-        train_tau = 1 + self.proxy_sum / self.proxy_n
-        self.proxy_sum, self.proxy_n = 0.0, 0
+        train_tau = 1 + sum(self.recent_proxy) / len(self.recent_proxy)
         tau = res["tau_pooled"]
-        if res.get("temperature") or train_tau < self.TAU_GAP_MIN_TRAIN_TAU:
+        if train_tau < self.TAU_GAP_MIN_TRAIN_TAU:
             return train_tau, None
         if tau - 1 < self.TAU_GAP_RATIO * (train_tau - 1):
             return train_tau, messages.tau_gap(self.step, tau, train_tau)
@@ -558,7 +559,7 @@ class Trainer:
                 metrics.write(rec)
                 wandb_run.log(rec, self.step)
                 if math.isfinite(rec["accept_proxy"]):
-                    self.proxy_sum, self.proxy_n = self.proxy_sum + rec["accept_proxy"], self.proxy_n + 1
+                    self.recent_proxy = [*self.recent_proxy, rec["accept_proxy"]][-self.TAU_GAP_WINDOW:]
             if not self.status.state["ready"]:
                 self.r.notifier.ready(f"training, step {self.step}")
                 self.status.update(ready=True)

@@ -812,14 +812,15 @@ class HiddenStateProducer:
         """A right-padded micro-batch (ids [S, T], lengths [S]) -> (features, last) as forward()
         gives them at every valid position, zeros at the padding; but run as one forward per group
         of similar lengths (`length_groups`), so the target spends at most about `slack` of its work
-        on padding instead of padding every sequence to the longest. A group of equal lengths runs
-        without an attention mask (the unmasked fast attention path)."""
+        on padding instead of padding every sequence to the longest. No attention mask is passed:
+        padding is on the right and every layer is causal (attention, the linear-attention
+        recurrence and its short convolution alike), so a valid position never sees a padded one,
+        and the forward takes the unmasked fast attention path; the padded positions' outputs are
+        zeroed afterwards."""
         feats = last = None
         for group in length_groups(lengths.tolist(), slack):
-            sub_len = lengths[group]
-            t = int(sub_len.max())
-            mask = None if bool((sub_len == t).all()) else (torch.arange(t)[None] < sub_len[:, None]).long()
-            f, h = self.forward(ids[group, :t], mask, want_last=want_last)
+            t = int(lengths[group].max())
+            f, h = self.forward(ids[group, :t], want_last=want_last)
             if feats is None:
                 feats = f.new_zeros(ids.shape[0], ids.shape[1], f.shape[-1])
                 last = None if h is None else h.new_zeros(ids.shape[0], ids.shape[1], h.shape[-1])

@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "first --eval-interval-prompts held-out prompts (per set), into metrics.jsonl and wandb (>= 0; "
                    "0 = at the end only; needs the target in this process; docs/trainer.md gives its cost)")
     e.add_argument("--eval-interval-prompts", type=int, default=8, help="prompts per set of each interval evaluation (>= 1)")
+    e.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy (default); > 0: the evaluations "
+                   "sample at this temperature (speculative sampling; >= 0); on a weak target, whose greedy "
+                   "continuations loop, 1 shows the train/serve gap greedy hides")
 
     w = p.add_argument_group("logging")
     w.add_argument("--wandb-project", default=None, help="log to wandb too (metrics.jsonl is always written)")
@@ -282,7 +285,8 @@ def validate_numbers(args) -> None:
             raise ConfigError(what, fix)
 
     for dest in ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip", "kl_temperature", "kl_weight",
-                 "streak_alpha", "decay_gamma", "noise_start", "noise_end", "rdzv_timeout", "node_timeout"):
+                 "streak_alpha", "decay_gamma", "noise_start", "noise_end", "rdzv_timeout", "node_timeout",
+                 "eval_temperature"):
         v = getattr(args, dest, None)
         flag = "--" + dest.replace("_", "-")
         need(v is None or math.isfinite(v), f"{flag} {v} is not a finite number", f"pass {flag} as a finite number")
@@ -317,6 +321,7 @@ def validate_numbers(args) -> None:
     at_least("eval_max_new_tokens", 1, "e.g. 64")
     at_least("eval_interval", 0, "e.g. 500 (0 = at the end only)")
     at_least("eval_interval_prompts", 1, "e.g. 8")
+    at_least("eval_temperature", 0, "e.g. 0 (greedy) or 1")
     at_least("queue_depth", 0, "e.g. --queue-depth 0 (auto)")
     at_least("plan_steps", 1, "e.g. 3")
     at_least("nnodes", 1, "e.g. 1")

@@ -205,7 +205,7 @@ class Trainer:
         self.loss_fn, self.loss_impl, self.attn_impl = None, None, None  # the resolved --loss-impl, --attn-impl
         self.upcoming = None  # iterator over the global sequence from the current position
         self.eval_spent_s = 0.0  # wall time of this process's interval evaluations
-        self.recent_proxy = []  # accept_proxy of the newest training steps (the guard's window)
+        self.recent = []  # (accept_proxy, acc at position 1) of the newest training steps (the guard's window)
 
     def request_stop(self, *_):
         """SIGTERM: finish the current step, save, exit 0."""
@@ -501,30 +501,31 @@ class Trainer:
             self.eval_spent_s += res["eval_s"]
             self.log_eval(res, metrics, wandb_run)
 
-    # The guard against "training accuracy high, tau about 1" (SpecForge #455): an evaluation whose
-    # tau has realised less than TAU_GAP_RATIO of what the training accuracy of the newest
-    # TAU_GAP_WINDOW steps implies (1 + accept_proxy, which underestimates a healthy drafter's tau),
-    # once that is at least TAU_GAP_MIN_TRAIN_TAU, warns.
-    TAU_GAP_MIN_TRAIN_TAU, TAU_GAP_RATIO, TAU_GAP_WINDOW = 2.0, 0.3, 10
+    # The guard against "training accuracy high, tau about 1" (SpecForge #455). Over the newest
+    # TAU_GAP_WINDOW training steps the first draft position was right acc1 of the time; served, it
+    # is accepted accept_rate[0]. A healthy drafter is accepted about as often as it was right in
+    # training (its data are the target's own samples); one trained on shifted labels is right in
+    # training (position 1 copying the anchor, say) and rarely accepted. Warn when acc1 is at least
+    # TAU_GAP_MIN_ACC and the acceptance less than TAU_GAP_RATIO of it.
+    TAU_GAP_MIN_ACC, TAU_GAP_RATIO, TAU_GAP_WINDOW = 0.5, 0.5, 10
     # DIAGNOSTIC, for tests only (no flag sets it): 1 trains every block position on the token one
     # position early (shift_labels_late), the misalignment the guard above exists to catch.
     LABEL_SHIFT = 0
 
-    def tau_gap(self, res) -> tuple[float | None, str | None]:
-        """(1 + the mean accept_proxy of the newest steps, or None; the warning, or None)."""
-        if not self.recent_proxy:
-            return None, None
-        train_tau = 1 + sum(self.recent_proxy) / len(self.recent_proxy)
-        tau = res["tau_pooled"]
-        if train_tau < self.TAU_GAP_MIN_TRAIN_TAU:
-            return train_tau, None
-        if tau - 1 < self.TAU_GAP_RATIO * (train_tau - 1):
-            return train_tau, messages.tau_gap(self.step, tau, train_tau)
-        return train_tau, None
+    def tau_gap(self, res) -> dict:
+        """The guard's figures for an evaluation record (contract.TRAIN_TAU, TRAIN_ACC1, TAU_GAP_WARNING)."""
+        if not self.recent:
+            return {contract.TRAIN_TAU: None, contract.TRAIN_ACC1: None, contract.TAU_GAP_WARNING: None}
+        train_tau = 1 + sum(p for p, _ in self.recent) / len(self.recent)
+        acc1 = sum(a for _, a in self.recent) / len(self.recent)
+        served = res["accept_rate"][0] if res["accept_rate"] else None
+        warn = (served is not None and acc1 >= self.TAU_GAP_MIN_ACC and served < self.TAU_GAP_RATIO * acc1)
+        return {contract.TRAIN_TAU: train_tau, contract.TRAIN_ACC1: acc1, contract.TAU_GAP_WARNING:
+                messages.tau_gap(self.step, res["tau_pooled"], train_tau, acc1, served) if warn else None}
 
     def log_eval(self, res, metrics, wandb_run):
-        train_tau, warning = self.tau_gap(res)
-        res = {**res, contract.TRAIN_TAU: train_tau, contract.TAU_GAP_WARNING: warning}
+        res = {**res, **self.tau_gap(res)}
+        warning = res[contract.TAU_GAP_WARNING]
         metrics.write({"step": self.step, **res})
         wandb_run.log({"tau_pooled": res["tau_pooled"], "tau_prompt_mean": res["tau_prompt_mean"],
                        **{f"accept_rate/pos{k + 1}": r for k, r in enumerate(res["accept_rate"]) if r is not None}},
@@ -558,8 +559,8 @@ class Trainer:
             if main:
                 metrics.write(rec)
                 wandb_run.log(rec, self.step)
-                if math.isfinite(rec["accept_proxy"]):
-                    self.recent_proxy = [*self.recent_proxy, rec["accept_proxy"]][-self.TAU_GAP_WINDOW:]
+                if rec["acc"] and math.isfinite(rec["acc"][0]):
+                    self.recent = [*self.recent, (rec["accept_proxy"], rec["acc"][0])][-self.TAU_GAP_WINDOW:]
             if not self.status.state["ready"]:
                 self.r.notifier.ready(f"training, step {self.step}")
                 self.status.update(ready=True)

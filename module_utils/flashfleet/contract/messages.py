@@ -41,11 +41,12 @@ def nonfinite_loss(step: int, value: float, what: str = "loss") -> str:
             "from an earlier checkpoint)")
 
 
-def tau_gap(step: int, tau: float, train_tau: float) -> str:
-    """An evaluation's tau near 1 while the training accuracy implies much more (SpecForge #455)."""
-    return warning(f"tau {tau:.2f} at step {step} while the training accuracy implies {train_tau:.2f}: the drafter "
-                   "learns its labels but not the tokens it is served at; likely cause: labels shifted or "
-                   "misaligned by a position (block label k must be the token AT anchor+k)")
+def tau_gap(step: int, tau: float, train_tau: float, train_acc1: float, served_acc1: float) -> str:
+    """Training accuracy high, tau low (SpecForge #455): the evaluation's warning line."""
+    return warning(f"tau {tau:.2f} at step {step} while the training accuracy implies {train_tau:.2f}: block "
+                   f"position 1 was right {train_acc1:.0%} of the time in training but is accepted {served_acc1:.0%} "
+                   "served; the drafter learns its labels but not the tokens it is served at; likely cause: labels "
+                   "shifted or misaligned by a position (block label k must be the token AT anchor+k)")
 
 
 def went_first(node: int, first: int, why: str) -> str:

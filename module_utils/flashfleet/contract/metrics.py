@@ -33,14 +33,15 @@ STEP_KEYS = (
 # "interval" (every --eval-interval steps) or "final"; tau_pooled = all committed tokens / all
 # cycles (`tau` is the same number), tau_prompt_mean = the mean of per-prompt tau (the published
 # figure); accept_rate per block position 1..B-1; eval_s its wall time. With several prompt sets
-# the record also has `sets` {name: the same figures}. TRAIN_TAU: 1 + the mean accept_proxy of the
-# training steps since the previous evaluation (what the training accuracy implies tau is);
-# TAU_GAP_WARNING: null, or the warning (messages.tau_gap) when the measured tau is near 1 while the
-# training accuracy is high: labels shifted against the positions the drafter is served at.
-TRAIN_TAU, TAU_GAP_WARNING = "train_tau_proxy", "tau_gap_warning"
+# the record also has `sets` {name: the same figures}. The train/serve guard: TRAIN_TAU = 1 + the
+# mean accept_proxy of the newest training steps (the tau the training accuracy implies), TRAIN_ACC1
+# their mean accuracy at block position 1 (null without steps); TAU_GAP_WARNING null, or the
+# warning (messages.tau_gap) when position 1, right in training, is rarely accepted served: labels
+# shifted against the positions the drafter is served at.
+TRAIN_TAU, TRAIN_ACC1, TAU_GAP_WARNING = "train_tau_proxy", "train_acc_pos1", "tau_gap_warning"
 EVAL_KEYS = (
     "step", "tau", "tau_pooled", "tau_prompt_mean", "accept_rate", "prompts", "cycles", "tokens", "block_size",
-    "temperature", "top_p", "cached", "eval", "eval_s", TRAIN_TAU, TAU_GAP_WARNING,
+    "temperature", "top_p", "cached", "eval", "eval_s", TRAIN_TAU, TRAIN_ACC1, TAU_GAP_WARNING,
 )
 
 LOSS, TAU, STEP = "loss", "tau", "step"

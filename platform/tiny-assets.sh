@@ -8,11 +8,12 @@
 #     KIND phrase (default): dflash-tiny, the phrase-language target of the demo and the fast tests
 #          text: dflash-tiny-text, a target trained on Python standard-library source (minutes)
 #   DFLASH_TINY / DFLASH_TINY_TEXT: the program to run (default: the .venv's)
+#   PYTHON: the interpreter that runs tinytext (default: the .venv's)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seed=${1:-0}
 kind=${2:-phrase}
-py="$root/.venv/bin/python"
+py=${PYTHON:-$root/.venv/bin/python}  # the interpreter whose stdlib is read (text)
 case "$kind" in
   phrase)
     make=("${DFLASH_TINY:-$root/.venv/bin/dflash-tiny}")

@@ -44,6 +44,7 @@ from .model import (
     supported_targets_line,
     text_tensor_files,
 )
+from .transport import nccl_transport
 
 
 @dataclass(kw_only=True)
@@ -496,6 +497,7 @@ def preflight(args) -> Plan:
                    f"{len(drafter_devices)} drafter rank(s) on {','.join(drafter_devices)} per node; "
                    f"{args.nnodes} node(s), {world} drafter rank(s) in all; "
                    f"{args.grad_accum * world} micro-batches per optimizer step")
+    summary.append(nccl_transport(args.nnodes, drafter_devices))
 
     linear = check_linear_attention(text, target_devices, getattr(args, "allow_slow_linear_attention", False))
     if linear:

@@ -1,0 +1,180 @@
+"""tau of drafters trained for the same budget with different loss settings, on the real-text tiny target.
+
+    python tests/benchmarks/bench_tau_settings.py --jobs 8 --threads-per-job 2     # 16 cores, ~10 min
+    python tests/benchmarks/bench_tau_settings.py --quick                          # 2 cores, a few min
+
+The target is `dflash-tiny-text`'s (Python stdlib source, bytes; built once and cached by
+platform/tiny-assets.sh, or --assets DIR). Every trained setting gets the same optimizer steps,
+micro-batch and drafter, for each seed; the untrained drafter (dflash-eval --random-drafter, same
+shape and seed) is the floor. Each drafter is evaluated by dflash-eval on the held-out prompts
+greedy and at temperature 1 (speculative sampling). The runs are subprocesses of dflash-train and
+dflash-eval, --jobs at a time, each limited to --threads-per-job torch threads. Prints every
+run's wall time, then one table: per setting the median over seeds and the spread (min-max) of
+tau_prompt_mean (the mean of per-prompt tau, the published figure) and tau_pooled (all committed
+tokens / all cycles), greedy and at T=1. --json writes every figure.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+# name -> dflash-train flags on top of the common ones (None: the untrained drafter). CE uses the
+# trainer's default weighting (streak); the KL settings differ from each other only in T.
+SETTINGS = {
+    "untrained": None,
+    "ce-streak": ["--loss-weighting", "streak"],
+    "ce-decay": ["--loss-weighting", "decay"],
+    "kl-T1-w0.7-streak": ["--use-soft-labels", "--kl-temperature", "1", "--kl-weight", "0.7"],
+    "kl-T2-w0.7-streak": ["--use-soft-labels", "--kl-temperature", "2", "--kl-weight", "0.7"],  # the incident's
+}
+FULL = dict(steps=250, seeds="0,1", num_prompts=32, max_new_tokens=64, jobs=8, threads=2, token_budget=2048,
+            max_anchors=256)
+# 30 steps, 8 prompts x 32 tokens took 1,060 s on the shared 2-core machine at load 7-8; these are lighter
+QUICK = dict(steps=15, seeds="0,1", num_prompts=4, max_new_tokens=24, jobs=2, threads=1, token_budget=1024,
+             max_anchors=128)
+
+
+def tool(name):
+    exe = BIN / name
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", {"dflash-train": "flashfleet_trainer.cli",
+                                                                  "dflash-eval": "flashfleet_trainer.evaluate"}[name]]
+
+
+def env(threads):
+    e = dict(os.environ)
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        e[k] = str(threads)
+    return e
+
+
+def run(cmd, log, threads):
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env(threads)).returncode
+    dt = time.perf_counter() - t0
+    if rc != 0:
+        raise RuntimeError(f"{cmd[0]} exited {rc}; see {log}")
+    return dt
+
+
+def train_job(a, assets, name, seed, out):
+    run_dir = out / f"{name}-s{seed}"
+    cmd = [*tool("dflash-train"), "--target-model", str(assets / "model"), "--data-dir", str(assets / "data"),
+           "--output-dir", str(run_dir), "--target-gpus", a.gpu, "--drafter-gpus", a.gpu,
+           "--block-size", str(a.block_size), "--num-draft-layers", str(a.num_draft_layers),
+           "--max-steps", str(a.steps), "--token-budget", str(a.token_budget), "--max-seq-len", "256",
+           "--max-batch-size", "64", "--max-anchors", str(a.max_anchors), "--lr", str(a.lr),
+           "--warmup-ratio", "0.05", "--seed", str(seed), "--resume", "never", "--save-interval", str(a.steps),
+           "--eval-num-prompts", "0", "--eval-interval", "0", "--log-interval", str(max(1, a.steps // 10)),
+           *SETTINGS[name]]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dt = run(cmd, run_dir / "train.log", a.threads_per_job)
+    print(f"  trained {name} seed {seed}: {a.steps} steps in {dt:.1f} s", flush=True)
+    return dt
+
+
+def eval_job(a, assets, name, seed, temperature, out):
+    run_dir = out / f"{name}-s{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    drafter = (["--random-drafter", "--block-size", str(a.block_size), "--num-draft-layers", str(a.num_draft_layers)]
+               if SETTINGS[name] is None else ["--output-dir", str(run_dir)])
+    cmd = [*tool("dflash-eval"), "--target-model", str(assets / "model"), *drafter, "--seed", str(seed),
+           "--prompts", str(assets / "data" / "eval" / "prompts.jsonl"), "--num-prompts", str(a.num_prompts),
+           "--max-new-tokens", str(a.max_new_tokens), "--temperature", str(temperature), "--device", a.device]
+    log = run_dir / f"eval-T{temperature:g}.log"
+    dt = run(cmd, log, a.threads_per_job)
+    res = json.loads(log.read_text().strip().splitlines()[-1])
+    print(f"  evaluated {name} seed {seed} T={temperature:g}: tau_prompt_mean {res['tau_prompt_mean']:.3f}, "
+          f"tau_pooled {res['tau_pooled']:.3f} ({dt:.1f} s)", flush=True)
+    return res
+
+
+def cell(values):
+    med = statistics.median(values)
+    return f"{med:.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help=f"a check that it works end to end on 2 cores: {QUICK}")
+    p.add_argument("--assets", type=Path, default=None, help="a dflash-tiny-text output (default: built or "
+                   "reused by platform/tiny-assets.sh 0 text)")
+    p.add_argument("--out", type=Path, default=None, help="where the runs go (default: a new temporary folder)")
+    p.add_argument("--jobs", type=int, default=None, help=f"runs at a time (default {FULL['jobs']})")
+    p.add_argument("--threads-per-job", type=int, default=None, help=f"torch threads per run (default {FULL['threads']})")
+    p.add_argument("--steps", type=int, default=None, help=f"optimizer steps per training (default {FULL['steps']})")
+    p.add_argument("--seeds", default=None, help=f"comma-separated (default {FULL['seeds']})")
+    p.add_argument("--num-prompts", type=int, default=None, help=f"held-out prompts (default {FULL['num_prompts']})")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=f"per prompt (default {FULL['max_new_tokens']})")
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--num-draft-layers", type=int, default=2)
+    p.add_argument("--token-budget", type=int, default=None, help="tokens per micro-batch (default "
+                   f"{FULL['token_budget']}: 21 sequences of 96)")
+    p.add_argument("--max-anchors", type=int, default=None, help=f"draft blocks per micro-batch (default {FULL['max_anchors']})")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated subset of " + ", ".join(SETTINGS))
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: every run on GPU 0")
+    p.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    a = p.parse_args(argv)
+    base = QUICK if a.quick else FULL
+    a.steps = a.steps or base["steps"]
+    a.jobs = a.jobs or base["jobs"]
+    a.threads_per_job = a.threads_per_job or base["threads"]
+    a.num_prompts = a.num_prompts or base["num_prompts"]
+    a.max_new_tokens = a.max_new_tokens or base["max_new_tokens"]
+    a.token_budget = a.token_budget or base["token_budget"]
+    a.max_anchors = a.max_anchors or base["max_anchors"]
+    seeds = [int(s) for s in (a.seeds or base["seeds"]).split(",")]
+    names = a.settings.split(",")
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        p.error(f"unknown setting(s) {', '.join(unknown)}: choose from {', '.join(SETTINGS)}")
+    a.gpu = "0" if a.device == "cuda" else "cpu"
+    if a.assets is None:
+        a.assets = Path(subprocess.run(["bash", str(ROOT / "platform" / "tiny-assets.sh"), "0", "text"], check=True,
+                                       stdout=subprocess.PIPE, text=True,
+                                       env={**os.environ, "PYTHON": sys.executable}).stdout.strip())
+    out = a.out or Path(tempfile.mkdtemp(prefix="bench-tau-"))
+    print(f"target {a.assets}; runs in {out}; {len(names)} settings x seeds {seeds}; {a.steps} steps, "
+          f"block {a.block_size}, {a.num_draft_layers} draft layers, token budget {a.token_budget}, "
+          f"{a.max_anchors} anchors; {a.jobs} jobs x {a.threads_per_job} threads on {a.device}", flush=True)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(a.jobs) as pool:
+        trains = {(n, s): pool.submit(train_job, a, a.assets, n, s, out)
+                  for n in names if SETTINGS[n] is not None for s in seeds}
+        wall = {k: f.result() for k, f in trains.items()}
+        evals = {(n, s, t): pool.submit(eval_job, a, a.assets, n, s, t, out)
+                 for n in names for s in seeds for t in (0.0, 1.0)}
+        res = {k: f.result() for k, f in evals.items()}
+    cols = [("greedy", 0.0, "tau_prompt_mean"), ("greedy", 0.0, "tau_pooled"), ("T=1", 1.0, "tau_prompt_mean"),
+            ("T=1", 1.0, "tau_pooled")]
+    header = ["setting"] + [f"{m} {k}" for m, _, k in cols] + ["train wall s"]
+    rows = []
+    for n in names:
+        row = [n] + [cell([res[(n, s, t)][k] for s in seeds]) for _, t, k in cols]
+        row.append(cell([wall[(n, s)] for s in seeds]) if SETTINGS[n] is not None else "-")
+        rows.append(row)
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    print(f"\ntau on {a.num_prompts} held-out prompts x {a.max_new_tokens} new tokens, block {a.block_size} "
+          f"(ceiling {a.block_size}); median (min-max) over seeds {seeds}; {time.perf_counter() - t0:.0f} s in all")
+    for r in [header, ["-" * w for w in widths], *rows]:
+        print(" | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
+    if a.json:
+        a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "wall_s": {
+            f"{n}-s{s}": v for (n, s), v in wall.items()}, "results": {
+            f"{n}-s{s}-T{t:g}": r for (n, s, t), r in res.items()}}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

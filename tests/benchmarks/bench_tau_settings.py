@@ -39,7 +39,7 @@ SETTINGS = {
 }
 FULL = dict(steps=250, seeds="0,1", num_prompts=32, max_new_tokens=64, jobs=8, threads=2, token_budget=2048,
             max_anchors=256)
-# 30 steps, 8 prompts x 32 tokens took 1,060 s on the shared 2-core machine at load 7-8; these are lighter
+# on the shared 2-core machine at load 7-8: 718 s (30 steps, 8 prompts x 32 tokens took 1,060 s)
 QUICK = dict(steps=15, seeds="0,1", num_prompts=4, max_new_tokens=24, jobs=2, threads=1, token_budget=1024,
              max_anchors=128)
 

@@ -11,6 +11,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# One torch (OpenMP/BLAS) thread in the test process and the trainers it starts: the tests' models
+# are tiny, and on a two-core machine a second thread only adds synchronization (the trainer tests
+# measured about 2x faster in wall time with one; docs/benchmarks.md). Set here, before any test
+# module imports torch; a value already in the environment is kept. Multi-process trainer runs
+# still set their own per-process threads (topology._cpu_threads).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture
 def run_playbook(tmp_path, monkeypatch):

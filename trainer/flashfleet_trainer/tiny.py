@@ -131,6 +131,17 @@ def sample(model, prompts, new_tokens, seed):
 ARCHS = ("qwen3", "qwen3_5")
 
 
+
+def write_train_data(data_dir: Path, rows: list[list[int]], prompt_len: int) -> None:
+    """The drafter's training data (data_dir/train-00000.parquet, and data_dir/eval/ for the
+    prompts): each row a prompt and the target's sampled completion, supervised on the completion."""
+    (data_dir / "eval").mkdir(parents=True, exist_ok=True)
+    table = pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32())),
+                      "loss_mask": pa.array([[0] * prompt_len + [1] * (len(r) - prompt_len) for r in rows],
+                                            pa.list_(pa.int8()))})
+    pq.write_table(table, data_dir / "train-00000.parquet")
+
+
 def build(out, seed=0, vocab=256, hidden=128, layers=4, steps=150, num_seqs=512, prompt_len=16,
           completion_len=80, num_eval=48, log=print, arch="qwen3"):
     if arch not in ARCHS:
@@ -162,18 +173,12 @@ def _build(out, seed, vocab, hidden, layers, steps, num_seqs, prompt_len, comple
     else:
         model.save_pretrained(out / "model")
 
-    rows_ids, rows_mask = [], []
+    rows = []
     for s in range(0, num_seqs, 512):
         n = min(512, num_seqs - s)
         prompts = torch.from_numpy(np.stack([lang.sample(prompt_len) for _ in range(n)]))
-        full = sample(model, prompts, completion_len, seed * 1000 + s)
-        for r in full.tolist():
-            rows_ids.append(r)
-            rows_mask.append([0] * prompt_len + [1] * completion_len)
-    (out / "data" / "eval").mkdir(parents=True, exist_ok=True)
-    table = pa.table({"input_ids": pa.array(rows_ids, pa.list_(pa.int32())),
-                      "loss_mask": pa.array(rows_mask, pa.list_(pa.int8()))})
-    pq.write_table(table, out / "data" / "train-00000.parquet")
+        rows += sample(model, prompts, completion_len, seed * 1000 + s).tolist()
+    write_train_data(out / "data", rows, prompt_len)
     with open(out / "data" / "eval" / "prompts.jsonl", "w") as f:
         for _ in range(num_eval):
             f.write(json.dumps({"input_ids": lang.sample(prompt_len).tolist()}) + "\n")

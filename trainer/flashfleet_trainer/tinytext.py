@@ -156,11 +156,9 @@ def build(out, seed=0, hidden=128, layers=2, steps=400, batch=16, seq_len=128, n
 
 def _build(out, seed, hidden, layers, steps, batch, seq_len, num_seqs, prompt_len, completion_len, num_eval,
            eval_prompt_len, stdlib, log):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     import torch
 
-    from .tiny import make_target, sample
+    from .tiny import make_target, sample, write_train_data
 
     t0 = time.time()
     root = Path(stdlib or sysconfig.get_paths()["stdlib"])
@@ -176,17 +174,11 @@ def _build(out, seed, hidden, layers, steps, batch, seq_len, num_seqs, prompt_le
     (out / "model").mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out / "model")
 
-    rows_ids, rows_mask = [], []
+    rows = []
     prompts = train.line_prompts(num_seqs, prompt_len)
     for s in range(0, num_seqs, 128):  # 128 at a time: bounded memory
-        full = sample(model, torch.from_numpy(prompts[s:s + 128]), completion_len, seed * 1000 + s)
-        for r in full.tolist():
-            rows_ids.append(r)
-            rows_mask.append([0] * prompt_len + [1] * completion_len)
-    (out / "data" / "eval").mkdir(parents=True, exist_ok=True)
-    table = pa.table({"input_ids": pa.array(rows_ids, pa.list_(pa.int32())),
-                      "loss_mask": pa.array(rows_mask, pa.list_(pa.int8()))})
-    pq.write_table(table, out / "data" / "train-00000.parquet")
+        rows += sample(model, torch.from_numpy(prompts[s:s + 128]), completion_len, seed * 1000 + s).tolist()
+    write_train_data(out / "data", rows, prompt_len)
     with open(out / "data" / "eval" / "prompts.jsonl", "w") as f:
         for p in held.line_prompts(num_eval, eval_prompt_len):
             f.write(json.dumps({"set": EVAL_SET, "input_ids": p.tolist()}) + "\n")

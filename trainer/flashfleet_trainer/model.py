@@ -807,7 +807,6 @@ class HiddenStateProducer:
         feats = torch.cat([captured[i] for i in self.layer_ids], dim=-1)
         return feats.to(self.out_device), last
 
-
     def forward_batch(self, ids, lengths, want_last=True, slack=PADDING_SLACK):
         """A right-padded micro-batch (ids [S, T], lengths [S]) -> (features, last) as forward()
         gives them at every valid position, zeros at the padding; but run as one forward per group

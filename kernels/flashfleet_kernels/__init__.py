@@ -38,6 +38,7 @@ def fused_linear_distill_loss(
     return_row_stats: bool = False,
     row_group: int = 1,
     chunk_size: int | None = None,
+    teacher_fp8: bool | None = None,
 ):
     """Per-row-weighted ``(1 - a) * CE + a * T^2 * KL(teacher || student)`` over ``z = h W^T``.
 
@@ -64,6 +65,8 @@ def fused_linear_distill_loss(
         row_group: rows per group for a weight function (chunks hold whole groups; the number of
             rows must be a multiple of it). Ignored for tensor weights.
         chunk_size: rows per chunk for the Triton path (default: fits a 768 MiB workspace).
+        teacher_fp8: Triton path only: the teacher logits from an FP8 GEMM with row-wise scales
+            (the head quantized once and cached; off by default, see ``distill_loss.TEACHER_FP8``).
 
     Returns:
         The scalar fp32 loss, or ``(loss, row_ce, row_argmax_correct)`` with ``return_row_stats``.
@@ -73,6 +76,8 @@ def fused_linear_distill_loss(
     kwargs = dict(temperature=temperature, kl_weight=kl_weight, ignore_index=ignore_index,
                   return_row_stats=return_row_stats, row_group=row_group)
     if impl == "torch":
+        if teacher_fp8:
+            raise ValueError("teacher_fp8 is an option of the Triton path; the torch reference has no FP8 GEMM")
         return reference_fused_linear_distill_loss(
             student_hidden, teacher_hidden, lm_head_weight, labels, row_weights, **kwargs)
     if impl == "triton":
@@ -80,5 +85,5 @@ def fused_linear_distill_loss(
             raise RuntimeError("impl='triton' but triton is not importable")
         return triton_fused_linear_distill_loss(
             student_hidden, teacher_hidden, lm_head_weight, labels, row_weights,
-            chunk_size=chunk_size, **kwargs)
+            chunk_size=chunk_size, teacher_fp8=teacher_fp8, **kwargs)
     raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")

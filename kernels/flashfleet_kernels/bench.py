@@ -17,6 +17,11 @@ gradient goes to the student hidden states only. Time is the median of ``--reps`
 ``--warmup``; "peak" is the maximum memory allocated during one forward+backward above what was
 allocated before it (inputs), so it includes the ``[N, d]`` gradient. Rows 0 mod 97 are ignored and
 the weights are random in [0, 1), so the per-row-weight code path is what gets timed.
+
+``ours:teacher_fp8=1`` is the fused path with FP8 teacher logits. Its FP8 head is made in the
+warm-up and then held, so it is not in "peak": it is printed, with what FP8 costs in numerics
+against the bf16 path, on a ``# fp8`` line per shape, on the benchmark's data and on the same data
+scaled so that the teacher is peaked (mean top-1 probability 0.5 at T=1; see :func:`fp8_numerics`).
 """
 
 from __future__ import annotations
@@ -224,7 +229,9 @@ def breakdown(inputs, temperature, kl_weight, chunk_size=None, reps: int = 5, ro
     h_s, h_t, weight, labels, row_weights = dl.prepare_inputs(
         h_s.detach(), h_t, weight.detach(), labels, row_weights, temperature=temperature, kl_weight=kl_weight,
         row_group=row_group)
-    logits = "student+teacher logits (2 GEMMs)" if kl_weight != 0 else "student logits (GEMM)"
+    logits = "student logits (GEMM)"
+    if kl_weight != 0:
+        logits = "student bf16 + teacher FP8 logits" if knobs.get("teacher_fp8") else "student+teacher logits (2 GEMMs)"
     names = [logits, "row kernel", "grad GEMM"]
     phases = dict.fromkeys(names, 0.0)
     chunk = None
@@ -248,6 +255,78 @@ def breakdown(inputs, temperature, kl_weight, chunk_size=None, reps: int = 5, ro
                 for i, name in enumerate(names):
                     phases[name] += laps[4 * k + i] / reps
     return chunk, phases
+
+
+def peaked_scale(h_t, weight, top1=0.5, rows=256):
+    """The factor on the hidden states that makes the teacher's mean top-1 probability at T=1 equal
+    ``top1`` (on the first ``rows`` rows), found by bisection on fp32 logits."""
+    z = h_t[:rows].float() @ weight.float().t()
+    lo, hi = 0.0, 1.0
+    while torch.softmax(hi * z, -1).amax(-1).mean() < top1:
+        lo, hi = hi, 2 * hi
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if torch.softmax(mid * z, -1).amax(-1).mean() < top1 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def fp8_numerics(inputs, temperature, kl_weight, rows=1024, **knobs):
+    """What ``teacher_fp8`` costs in numerics on these inputs, against the default path.
+
+    Whole loss (the loss's own :class:`ChunkLoop`, gradient to h_s): relative error of the loss and
+    of its KL term, cosine similarity and relative error (norm) of the gradient. Teacher logits of
+    the first ``rows`` rows against fp32 logits: the largest error of the FP8 and of the bf16 GEMM,
+    the logits' standard deviation, the rows whose teacher top-1 token is unchanged, and the mean
+    ``KL(p_fp32 || p)`` at T of each. Also the FP8 head's size and the time to make it once.
+    """
+    from flashfleet_kernels import distill_loss as dl
+
+    h_s, h_t, weight, labels, row_weights = dl.prepare_inputs(
+        inputs[0].detach(), inputs[1], inputs[2].detach(), inputs[3], inputs[4], temperature=temperature,
+        kl_weight=kl_weight)
+    out = {}
+    for fp8 in (False, True):
+        loop = dl.ChunkLoop(h_s, h_t, weight, labels, row_weights, temperature=float(temperature),
+                            kl_weight=float(kl_weight), ignore_index=-100, teacher_fp8=fp8, **knobs)
+        loop.run()
+        loss, _ = loop.loss()
+        out[fp8] = (loss.item(), (loop.scale * loop.row_kl).sum().item(), loop.grad_h.float().flatten())
+        del loop
+    (loss_b, kl_b, g_b), (loss_f, kl_f, g_f) = out[False], out[True]
+    res = dict(loss_rel=abs(loss_f - loss_b) / abs(loss_b), kl_rel=abs(kl_f - kl_b) / abs(kl_b),
+               grad_cos=torch.nn.functional.cosine_similarity(g_f, g_b, dim=0).item(),
+               grad_rel=((g_f - g_b).norm() / g_b.norm()).item())
+    del g_b, g_f
+
+    dl.clear_fp8_heads()
+    watch = _Stopwatch(weight.device)
+    watch.mark()
+    w8, w_scale = dl.fp8_head(weight)
+    watch.mark()
+    res["head_ms"], res["head_gib"] = watch.laps_ms()[0], (w8.numel() + 4 * w_scale.numel()) / GiB
+    ht = h_t[:rows]
+    h8, h_scale = dl.quantize_rows_fp8(ht)
+    z_f = torch._scaled_mm(h8, w8.t(), h_scale, w_scale, out_dtype=weight.dtype).float()
+    z_b = (ht @ weight.t()).float()
+    z_32 = ht.float() @ weight.float().t()
+    log_p32 = torch.log_softmax(z_32 / temperature, -1)
+    for name, z in (("fp8", z_f), ("bf16", z_b)):
+        res[f"{name}_max_err"] = (z - z_32).abs().max().item()
+        res[f"{name}_top1"] = (z.argmax(-1) == z_32.argmax(-1)).float().mean().item()
+        log_p = torch.log_softmax(z / temperature, -1)
+        res[f"{name}_kl"] = (log_p32.exp() * (log_p32 - log_p)).sum(-1).mean().item()
+    res["logit_std"] = z_32.std().item()
+    res["fp8_vs_bf16_max"] = (z_f - z_b).abs().max().item()
+    return res
+
+
+def format_fp8_numerics(r) -> str:
+    return (f"loss rel err {r['loss_rel']:.2e}, KL term rel err {r['kl_rel']:.2e}, grad cosine "
+            f"{r['grad_cos']:.6f} (rel err {r['grad_rel']:.2e}); teacher logits (std {r['logit_std']:.2f}): "
+            f"max |fp8 - bf16| {r['fp8_vs_bf16_max']:.3f}, max |err| vs fp32 fp8 {r['fp8_max_err']:.3f} / bf16 "
+            f"{r['bf16_max_err']:.3f}, top-1 kept fp8 {r['fp8_top1']:.1%} / bf16 {r['bf16_top1']:.1%}, "
+            f"mean KL(p_fp32 || p) at T fp8 {r['fp8_kl']:.2e} / bf16 {r['bf16_kl']:.2e}; FP8 head "
+            f"{r['head_gib']:.2f} GiB held, made in {r['head_ms']:.1f} ms")
 
 
 def sweep(args, anchors):
@@ -308,15 +387,18 @@ def main(argv=None):
               "eager": lambda: _eager(T, a), "liger": lambda: _liger(T, a),
               "speculators": lambda: _speculators(T, a), "cce": lambda: _cce(T, a)}
     impls = []
+    variants = {}  # "ours:..." name -> its knobs, for --breakdown and the FP8 numerics
     for name in args.impls.split(","):
         try:
             if name.startswith("ours@"):
                 impls.append((name, _ours_file(name[5:], T, a)))
-            elif name.startswith("ours:"):  # ours with launch knobs, e.g. ours:one_logits_gemm=1+chunk_size=768
+            elif name.startswith("ours:"):  # ours with knobs, e.g. ours:one_logits_gemm=1+chunk_size=768
                 knobs = {k: int(x) for k, x in (kv.split("=") for kv in name[5:].split("+"))}
-                if "one_logits_gemm" in knobs:
-                    knobs["one_logits_gemm"] = bool(knobs["one_logits_gemm"])
-                impls.append((name, _ours(T, a, **{"chunk_size": args.chunk_size, **knobs})))
+                for flag in ("one_logits_gemm", "teacher_fp8"):
+                    if flag in knobs:
+                        knobs[flag] = bool(knobs[flag])
+                variants[name] = {"chunk_size": args.chunk_size, **knobs}
+                impls.append((name, _ours(T, a, **variants[name])))
             else:
                 impls.append((name, makers[name]()))
         except (ImportError, FileNotFoundError) as exc:
@@ -339,9 +421,20 @@ def main(argv=None):
                 print(f"| {n:,} | {v:,} | {name} | {ms:.1f} | {measure.last_spread:.1%} | {peak:.2f} | {tflops:.0f} |",
                       flush=True)
             if args.breakdown:
-                c, phases = breakdown(inputs, T, a, args.chunk_size)
-                parts = ", ".join(f"{k} {ms:.1f} ms" for k, ms in phases.items())
-                print(f"#   breakdown N={n} V={v} chunk={c}: {parts}", flush=True)
+                for name, knobs in {"ours": {"chunk_size": args.chunk_size}, **variants}.items():
+                    c, phases = breakdown(inputs, T, a, **knobs)
+                    parts = ", ".join(f"{k} {ms:.1f} ms" for k, ms in phases.items())
+                    print(f"#   breakdown {name} N={n} V={v} chunk={c}: {parts}", flush=True)
+            fp8 = next((k for k in variants.values() if k.get("teacher_fp8")), None)
+            if fp8 is not None and a != 0:
+                knobs = {k: x for k, x in fp8.items() if k != "teacher_fp8"}
+                print(f"# fp8 N={n} V={v} benchmark data: {format_fp8_numerics(fp8_numerics(inputs, T, a, **knobs))}",
+                      flush=True)
+                alpha = peaked_scale(inputs[1], inputs[2])
+                peaked = (inputs[0].detach() * alpha, inputs[1] * alpha, *inputs[2:])
+                print(f"# fp8 N={n} V={v} peaked teacher (hidden states x {alpha:.2f}): "
+                      f"{format_fp8_numerics(fp8_numerics(peaked, T, a, **knobs))}", flush=True)
+                del peaked
             del inputs
             torch.cuda.empty_cache()
     return 0

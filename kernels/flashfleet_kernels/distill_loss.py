@@ -26,6 +26,12 @@ Why this shape of implementation (docs/kernels.md has the longer story):
   so the kernel is launched from one place only.
 * Row offsets are int64 (``N * V`` exceeds 2^31 at N=16k, V=152k) and all softmax bookkeeping is
   fp32, whatever the logits' dtype.
+* Option ``teacher_fp8`` (off by default): the teacher logits need no gradient and W is frozen, so
+  their GEMM may run in FP8 (``torch._scaled_mm``, float8_e4m3fn, one scale per row of ``h_t`` and
+  per vocabulary row of W, written in the head's dtype into the same workspace): less energy at
+  the GPU's power limit. W is quantized once and cached (:func:`fp8_head`: ``V x d`` bytes kept
+  beside the head); the student logits and the gradient GEMM are unchanged. What it costs in
+  numerics, and whether it is worth it, is in docs/benchmarks.md.
 
 Gradient with respect to the student logits of row i (``q_T = softmax(z_s / T)``,
 ``p = softmax(z_t / T)``, ``q_1 = softmax(z_s)``, ``s_i = w_i' / sum w'``)::
@@ -36,6 +42,8 @@ Gradient with respect to the student logits of row i (``q_T = softmax(z_s / T)``
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import triton
@@ -52,6 +60,12 @@ ROW_BLOCK, ROW_WARPS, ROW_SEGMENT = 2048, 4, 16384
 # Student and teacher logits of a chunk as one M=2C GEMM (their rows copied into a [2C, d] staging
 # buffer first) instead of two M=C GEMMs; see docs/kernels.md for the measurements.
 ONE_LOGITS_GEMM = False
+
+# Teacher logits from an FP8 GEMM (torch._scaled_mm, one float8_e4m3fn scale per row of h_t and per
+# vocabulary row of W) instead of bf16: they need no gradient and W is frozen, so W is quantized once
+# and cached (see fp8_head). Student logits and the gradient GEMM stay in the head's dtype. Off by
+# default; docs/benchmarks.md has its time and numerics. Takes precedence over ONE_LOGITS_GEMM.
+TEACHER_FP8 = False
 
 
 # Slots of one (row, vocabulary segment) partial: the stats kernel writes them, the finish kernel merges them.
@@ -315,6 +329,103 @@ def normalised_scale(labels: torch.Tensor, row_weights: torch.Tensor, ignore_ind
     return (w_eff / torch.where(total > 0, total, torch.ones_like(total))).contiguous()
 
 
+# FP8 teacher logits (teacher_fp8): h_t per chunk and W once, one float8_e4m3fn scale per row.
+FP8_DTYPE = getattr(torch, "float8_e4m3fn", None)  # None in a torch without float8 types
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+_FP8_HEAD_BLOCK = 4096  # head rows quantized at a time: bounds the fp32 temporaries (80 MiB at d=5120)
+_fp8_support = {}  # (device, out dtype) -> None where the probe ran, else why it failed
+_fp8_heads = {}  # at most one quantized head: key -> (weak reference to the head, its _version, w8, scale)
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, s)`` with ``x ~= q * s``: ``x [R, K]`` as float8_e4m3fn, one fp32 scale per row (``s [R, 1]``).
+
+    A row's largest magnitude maps to the format's largest value; an all-zero row gets the smallest
+    normal fp32 as its scale rather than 0 (no 0 / 0)."""
+    amax = x.abs().amax(dim=1, keepdim=True).float()
+    scale = (amax / FP8_MAX).clamp_min_(torch.finfo(torch.float32).tiny)
+    return (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def fp8_support_problem(device: torch.device, out_dtype: torch.dtype) -> str | None:
+    """None if ``torch._scaled_mm`` with one float8 scale per row runs on ``device`` and writes
+    ``out_dtype``, else what went wrong. Probed once per device and dtype, on a 16 x 16 product."""
+    key = (str(device), out_dtype)
+    if key not in _fp8_support:
+        problem = None
+        if FP8_DTYPE is None or not hasattr(torch, "_scaled_mm"):
+            problem = "this torch has no float8_e4m3fn or no torch._scaled_mm"
+        else:
+            try:
+                a = torch.ones(16, 16, device=device).to(FP8_DTYPE)
+                out = torch._scaled_mm(a, a.t(), torch.ones(16, 1, device=device), torch.ones(1, 16, device=device),
+                                       out_dtype=out_dtype)
+                if not bool((out.float() == 16).all()):
+                    problem = "torch._scaled_mm gave a wrong product"
+            except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+                problem = f"torch._scaled_mm with row-wise scales failed ({str(exc).strip().splitlines()[0]})"
+        _fp8_support[key] = problem
+    return _fp8_support[key]
+
+
+def check_teacher_fp8(weight: torch.Tensor, out_dtype: torch.dtype) -> None:
+    """Raise before any work, naming the problem and the fix, where the FP8 teacher GEMM cannot run."""
+    vocab, d = weight.shape
+    if vocab % 16 or d % 16:
+        problem = f"the head is [{vocab}, {d}], and FP8 GEMMs need both sizes to be multiples of 16"
+    else:
+        problem = fp8_support_problem(weight.device, out_dtype)
+    if problem is None:
+        return
+    where = weight.device.type
+    if where == "cuda":
+        major, minor = torch.cuda.get_device_capability(weight.device)
+        where = f"{torch.cuda.get_device_name(weight.device)} (compute capability {major}.{minor})"
+    raise RuntimeError(
+        f"teacher_fp8=True cannot run on {where} with torch {torch.__version__}, {out_dtype} logits: {problem}. "
+        "It needs torch._scaled_mm with one float8_e4m3fn scale per row (on CUDA: a bf16 head and a GPU "
+        "and torch build that have row-wise scaled FP8 GEMMs, e.g. an H100/H200 with torch >= 2.5 for CUDA 12); "
+        "otherwise use teacher_fp8=False (the default: teacher logits in the head's dtype)")
+
+
+def _drop_fp8_head(ref, key):  # the head was freed: free its FP8 copy too (unless a newer head took the key)
+    if _fp8_heads.get(key, (None,))[0] is ref:
+        del _fp8_heads[key]
+
+
+def fp8_head(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head for the FP8 teacher GEMM: ``(w8 [V, d] float8_e4m3fn, scale [1, V] fp32)``, ``W ~= w8 * scale^T``.
+
+    Cached for one head at a time (the copy takes ``V x d`` bytes: 0.72 GiB at V=151,936, d=5120),
+    keyed on the tensor object (held weakly: the copy goes when the head does), its data pointer,
+    shape, strides and version counter. So an in-place write to the head (``copy_``,
+    ``load_state_dict``, an optimizer step) or another head, even at the same address, is quantized
+    afresh; only a write through ``.data``, which bypasses the version counter, is not seen (call
+    :func:`clear_fp8_heads` after one). Inference tensors have no version counter and are not cached.
+    """
+    key = (weight.device, weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype)
+    version = None if weight.is_inference() else weight._version
+    hit = _fp8_heads.get(key)
+    if hit is not None and version is not None and hit[0]() is weight and hit[1] == version:
+        return hit[2], hit[3]
+    check_teacher_fp8(weight, weight.dtype)
+    _fp8_heads.clear()  # before quantizing, so that two copies are never held at once
+    vocab = weight.shape[0]
+    w8 = torch.empty(weight.shape, dtype=FP8_DTYPE, device=weight.device)
+    scale = torch.empty(vocab, 1, dtype=torch.float32, device=weight.device)
+    for s in range(0, vocab, _FP8_HEAD_BLOCK):
+        w8[s:s + _FP8_HEAD_BLOCK], scale[s:s + _FP8_HEAD_BLOCK] = quantize_rows_fp8(weight[s:s + _FP8_HEAD_BLOCK])
+    scale = scale.view(1, vocab)  # _scaled_mm takes the second operand's row scales as [1, V]
+    if version is not None:
+        _fp8_heads[key] = (weakref.ref(weight, lambda ref, k=key: _drop_fp8_head(ref, k)), version, w8, scale)
+    return w8, scale
+
+
+def clear_fp8_heads() -> None:
+    """Forget the cached FP8 head (e.g. after writing the head through ``.data``)."""
+    _fp8_heads.clear()
+
+
 class ChunkLoop:
     """The fused path's work, chunk by chunk: the forward runs it, and so does ``bench --breakdown``.
 
@@ -331,7 +442,7 @@ class ChunkLoop:
 
     def __init__(self, h_s, h_t, weight, labels, row_weights, *, temperature, kl_weight, ignore_index,
                  want_argmax=False, chunk_size=None, row_group=1, block_size=None, num_warps=None,
-                 seg_size=None, one_logits_gemm=None, need_grad_h=True, need_grad_w=False):
+                 seg_size=None, one_logits_gemm=None, teacher_fp8=None, need_grad_h=True, need_grad_w=False):
         n_rows = h_s.shape[0]
         vocab = weight.shape[0]
         device = h_s.device
@@ -342,6 +453,9 @@ class ChunkLoop:
         self.has_ce = kl_weight != 1
         self.separate_t = self.has_kl and temperature != 1.0
         self.square_t = self.has_kl and temperature == 2.0
+        # First, so the head's quantization temporaries come and go before the workspace exists.
+        fp8 = TEACHER_FP8 if teacher_fp8 is None else teacher_fp8
+        self.head8 = fp8_head(weight) if fp8 and self.has_kl else None
         self.valid = labels != ignore_index
         self.weight_fn = row_weights if callable(row_weights) else None
         if self.weight_fn is None:
@@ -380,7 +494,7 @@ class ChunkLoop:
         self.kernels = _row_kernels_for(device)
         one = ONE_LOGITS_GEMM if one_logits_gemm is None else one_logits_gemm
         self.stage = (torch.empty(2 * chunk_size, h_s.shape[1], dtype=h_s.dtype, device=device)
-                      if one and self.has_kl and len(self.bounds) > 0 else None)
+                      if one and self.has_kl and self.head8 is None and len(self.bounds) > 0 else None)
         self.weight_t = weight.t()
 
     def __len__(self):
@@ -401,7 +515,11 @@ class ChunkLoop:
             torch.mm(self.stage, self.weight_t, out=self.workspace)
             return
         torch.mm(self.h_s[start:end], self.weight_t, out=z_s)
-        if self.has_kl:
+        if self.head8 is not None:  # FP8 teacher: the chunk's rows quantized here, the head once (cached)
+            h8, h_scale = quantize_rows_fp8(self.h_t[start:end])
+            w8, w_scale = self.head8
+            torch._scaled_mm(h8, w8.t(), h_scale, w_scale, out_dtype=z_t.dtype, out=z_t)
+        elif self.has_kl:
             torch.mm(self.h_t[start:end], self.weight_t, out=z_t)
 
     def _launch(self, k, which):
@@ -478,11 +596,11 @@ class ChunkLoop:
 class _FusedLinearDistillLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_s, h_t, weight, labels, row_weights, temperature, kl_weight, ignore_index,
-                want_argmax, chunk_size, block_size, num_warps, row_group, seg_size, one_logits_gemm):
+                want_argmax, chunk_size, block_size, num_warps, row_group, seg_size, one_logits_gemm, teacher_fp8):
         loop = ChunkLoop(h_s, h_t, weight, labels, row_weights, temperature=temperature, kl_weight=kl_weight,
                          ignore_index=ignore_index, want_argmax=want_argmax, chunk_size=chunk_size,
                          row_group=row_group, block_size=block_size, num_warps=num_warps, seg_size=seg_size,
-                         one_logits_gemm=one_logits_gemm,
+                         one_logits_gemm=one_logits_gemm, teacher_fp8=teacher_fp8,
                          need_grad_h=ctx.needs_input_grad[0], need_grad_w=ctx.needs_input_grad[2])
         loop.run()
         loss, inv_norm = loop.loss()
@@ -506,7 +624,7 @@ class _FusedLinearDistillLoss(torch.autograd.Function):
 
         # Out of place so that a retained graph can be backpropagated more than once.
         return (scaled(grad_h), None, scaled(grad_w), None, None, None, None, None, None, None, None, None,
-                None, None, None)
+                None, None, None, None)
 
 
 def prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights, *, temperature,
@@ -553,6 +671,7 @@ def triton_fused_linear_distill_loss(
     num_warps: int | None = None,
     seg_size: int | None = None,
     one_logits_gemm: bool | None = None,
+    teacher_fp8: bool | None = None,
 ):
     """The fused path. Same contract as :func:`flashfleet_kernels.fused_linear_distill_loss`.
 
@@ -562,13 +681,16 @@ def triton_fused_linear_distill_loss(
     ``one_logits_gemm`` (student and teacher logits as one GEMM) are tuning knobs; the defaults keep
     the workspace at 768 MiB. With callable ``row_weights`` the weights are computed per chunk
     between the statistics and the gradient kernels, and chunks are rounded down to whole
-    ``row_group``s.
+    ``row_group``s. ``teacher_fp8=True`` (default :data:`TEACHER_FP8`, off) computes the teacher
+    logits with an FP8 GEMM (row-wise scales; the head quantized once and cached, see
+    :func:`fp8_head`); it raises a RuntimeError up front where the device or torch cannot.
     """
     h_s, h_t, weight, y, w = prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights,
                                             temperature=temperature, kl_weight=kl_weight, row_group=row_group)
     loss, row_ce, correct = _FusedLinearDistillLoss.apply(
         h_s, h_t, weight, y, w, float(temperature), float(kl_weight), int(ignore_index),
         bool(return_row_stats), chunk_size, block_size, num_warps, int(row_group), seg_size, one_logits_gemm,
+        teacher_fp8,
     )
     if return_row_stats:
         return loss, row_ce, correct

@@ -44,3 +44,22 @@ def test_breakdown_with_a_weight_function():
                                     reps=1, row_group=4)
     assert chunk == 8  # rounded down to whole groups, as in the loss
     assert len(phases) == 3 and all(ms >= 0.0 for ms in phases.values())
+
+
+@needs_triton
+def test_fp8_numerics_and_peaked_scale():
+    """The benchmark's FP8 numerics report (the loss's own ChunkLoop with and without teacher_fp8)."""
+    from flashfleet_kernels import bench
+    from flashfleet_kernels import distill_loss as dl
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    if dl.fp8_support_problem(torch.device(DEVICE), dtype) is not None:
+        pytest.skip("no row-wise FP8 torch._scaled_mm here")
+    inputs = bench.make_inputs(40, 1504, 32, dtype=dtype, device=DEVICE)
+    alpha = bench.peaked_scale(inputs[1], inputs[2])
+    z = inputs[1].float() * alpha @ inputs[2].float().t()
+    assert abs(torch.softmax(z, -1).amax(-1).mean().item() - 0.5) < 1e-3
+    r = bench.fp8_numerics(inputs, 2.0, 0.7, rows=16, chunk_size=16)
+    assert 0 < r["loss_rel"] < 2e-2 and 0.99 < r["grad_cos"] <= 1.0 + 1e-6
+    assert 0 < r["fp8_max_err"] < 0.5 * r["logit_std"] and r["head_gib"] > 0
+    assert "grad cosine" in bench.format_fp8_numerics(r)

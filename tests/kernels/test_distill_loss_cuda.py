@@ -157,3 +157,103 @@ def test_one_logits_gemm_matches_two():
     (l1, g1), (l2, g2) = outs
     assert abs(l1 - l2) <= 1e-4 * abs(l2)
     assert (g1 - g2).norm() / g2.norm() < 1e-2
+
+
+def _fp8_supported():
+    from flashfleet_kernels import distill_loss as dl
+
+    return dl.fp8_support_problem(torch.device("cuda"), torch.bfloat16) is None
+
+
+needs_fp8 = pytest.mark.skipif(not torch.cuda.is_available() or not _fp8_supported(),
+                               reason="needs CUDA and torch._scaled_mm with row-wise FP8 scales on that GPU")
+
+
+def _fp8_inputs(n, seed=7):
+    """As _inputs, with row magnitudes spread (h_t by e^{+-1}, W by e^{+-0.5}), so each row's FP8
+    scale is its own and scales on the wrong rows show."""
+    h_s, h_t, weight, labels, row_weights = _inputs(n, seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    h_t = (h_t.float() * torch.exp(2 * torch.rand(n, 1, device="cuda", generator=gen) - 1)).bfloat16()
+    weight = (weight.float() * torch.exp(torch.rand(V, 1, device="cuda", generator=gen) - 0.5)).bfloat16()
+    return h_s, h_t, weight, labels, row_weights
+
+
+def _dequant(x, flip=False):
+    """The FP8 spec written out: per row, scale amax / 448, round to e4m3fn (``flip``: the scales
+    of the rows in reverse order, a deliberate bug)."""
+    scale = x.float().abs().amax(1, keepdim=True) / 448.0
+    return (x.float() / scale).to(torch.float8_e4m3fn).float() * (scale.flip(0) if flip else scale)
+
+
+def _teacher_oracle(h_s, teacher, weight, head, labels, row_weights, **kw):
+    """The blocked fp32 reference with teacher logits ``teacher @ head^T`` and student logits
+    ``h_s @ W^T``: joined along d, ``[h_s, 0] . [W, head]`` and ``[0, teacher] . [W, head]``."""
+    zero = torch.zeros_like(h_s, dtype=torch.float32)
+    loss, grad, ce, correct = _blocked_reference(
+        torch.cat([h_s.float(), zero], 1), torch.cat([zero, teacher.float()], 1),
+        torch.cat([weight.float(), head.float()], 1), labels, row_weights, **kw)
+    return loss, grad[:, :D], ce, correct
+
+
+@needs_fp8
+@pytest.mark.parametrize("temperature, kl_weight", [(2.0, 0.7), (1.0, 1.0)])
+def test_fp8_teacher_at_real_shape(temperature, kl_weight):
+    """teacher_fp8 in bf16 at V=151,936, d=5120 (two full chunks and a short one) against (a) the
+    fp32 reference fed the dequantized FP8 teacher, within the bf16 path's own tolerances; (b) the
+    same with W's scales on the wrong rows, which must miss by far more (estimated on CPU at this
+    shape: gradient 0.75-1.3 relative); (c) the exact fp32 reference and the bf16 path, within what
+    FP8's rounding explains (CPU estimate at this shape: loss 2-3e-3, gradient 4-6% relative)."""
+    n = 3000
+    h_s, h_t, weight, labels, row_weights = _fp8_inputs(n)
+    kw = dict(temperature=temperature, kl_weight=kl_weight)
+    out = {}
+    for fp8 in (True, False):
+        hs = h_s.clone().requires_grad_()
+        loss, ce, ok = triton_fused_linear_distill_loss(hs, h_t, weight, labels, row_weights, return_row_stats=True,
+                                                        teacher_fp8=fp8, **kw)
+        loss.backward()
+        out[fp8] = (loss.item(), hs.grad.float(), ce, ok)
+    (loss, grad, ce, ok), (b_loss, b_grad, b_ce, b_ok) = out[True], out[False]
+
+    def rel(g, ref):
+        return ((g - ref).norm() / ref.norm()).item()
+
+    o_loss, o_grad, o_ce, _ = _teacher_oracle(h_s, _dequant(h_t), weight, _dequant(weight), labels, row_weights, **kw)
+    assert abs(loss - o_loss) <= 2e-3 * abs(o_loss), (loss, o_loss)
+    assert rel(grad, o_grad) < 3e-2
+    assert (ce - o_ce).abs().max() < 0.1
+    w_loss, w_grad, _, _ = _teacher_oracle(h_s, _dequant(h_t), weight, _dequant(weight, flip=True), labels,
+                                           row_weights, **kw)
+    assert rel(grad, w_grad) > 0.3
+    assert torch.equal(ce, b_ce) and torch.equal(ok, b_ok)  # the student logits are the same bf16 GEMM
+    r_loss, r_grad, _, _ = _blocked_reference(h_s, h_t, weight, labels, row_weights, **kw)
+    assert abs(loss - r_loss) <= 1e-2 * abs(r_loss), (loss, r_loss)
+    assert rel(grad, r_grad) < 0.1
+    assert abs(loss - b_loss) <= 1e-2 * abs(b_loss)
+    assert torch.nn.functional.cosine_similarity(grad.flatten(), b_grad.flatten(), dim=0) > 0.99
+
+
+@needs_fp8
+def test_fp8_teacher_peak_memory():
+    """Under 1 GiB above the inputs once the FP8 head exists; the first call also makes and keeps it."""
+    from flashfleet_kernels import distill_loss as dl
+
+    n = 16384
+    h_s, h_t, weight, labels, row_weights = _inputs(n)
+    h_s.requires_grad_()
+    head_bytes = weight.numel() + 4 * weight.shape[0]
+    peaks = []
+    dl.clear_fp8_heads()
+    for _ in range(2):
+        h_s.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        triton_fused_linear_distill_loss(h_s, h_t, weight, labels, row_weights, temperature=2.0, kl_weight=0.7,
+                                         teacher_fp8=True).backward()
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+    assert peaks[0] - head_bytes < 1024**3, peaks[0] / 1024**3
+    assert peaks[1] < 1024**3, peaks[1] / 1024**3

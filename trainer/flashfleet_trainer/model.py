@@ -695,16 +695,25 @@ class SparseAttention:
         return o[0, :, : self.m]
 
 
-def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen=None, attn_impl="dense"):
+def flex_layouts(cfg, blocks) -> dict:
+    """{layer type: `block_mask_intervals` layout} of a micro-batch's blocks: host work only, so the
+    trainer can build it ahead, while the previous micro-batch still runs on the device."""
+    b = blocks.input_ids.shape[1]
+    return {t: block_mask_intervals(blocks.seq, blocks.anchor, b, w) for t, w in layer_windows(cfg).items()}
+
+
+def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen=None, attn_impl="dense",
+                   layouts=None):
     """Run the drafter on all blocks of a micro-batch. features [S, T, n*H] (right-padded per
     sequence). Noise is added to the gathered context, scaled by each token's feature RMS so the
     scale means the same at any width. attn_impl: dense (the reference), flex or auto (flex on
-    CUDA). Returns the student hidden [N, B, H]."""
+    CUDA). layouts: `flex_layouts` of these blocks, when built ahead (flex only). Returns the
+    student hidden [N, B, H]."""
     n, b = blocks.input_ids.shape
     dev = features.device
     windows = layer_windows(drafter.config)  # one mask per layer type the drafter has
     if resolve_attn_impl(attn_impl, dev) == "flex":
-        layouts = {t: block_mask_intervals(blocks.seq, blocks.anchor, b, w) for t, w in windows.items()}
+        layouts = layouts if layouts is not None else flex_layouts(drafter.config, blocks)
         layout = next(iter(layouts.values()))
         ctx_seq, ctx_pos, block_pos = (layout[k].to(dev, non_blocking=True) for k in ("ctx_seq", "ctx_pos", "block_pos"))
         mask = SparseAttention(layouts, dev)

@@ -17,6 +17,7 @@ Only rank 0 writes status.json, metrics.jsonl, wandb and checkpoints; the other 
 no-op variants (Status.null(), MetricsLog.null()) and a notifier that says nothing.
 """
 
+import collections
 import json
 import math
 import os
@@ -34,7 +35,7 @@ from flashfleet.contract import metrics as contract
 from . import checkpoint as ckpt
 from . import wandb_compat
 from .config import ConfigError, NonFiniteLoss
-from .data import build_blocks, load_data, pack_epoch, sample_anchors
+from .data import Blocks, build_blocks, load_data, pack_epoch, sample_anchors
 from .evaluate import load_prompt_sets, speculative_tau
 from .feed import Feed, InProcessFeed
 from .loadwatch import LoadWatch
@@ -45,6 +46,7 @@ from .model import (
     DrafterConfig,
     HiddenStateProducer,
     drafter_hidden,
+    flex_layouts,
     load_frozen_io,
     resolve_attn_impl,
 )
@@ -146,6 +148,17 @@ def load_optimizer_state(opt, saved: dict) -> None:
     opt.load_state_dict(saved)
 
 
+@dataclass
+class Prepared:
+    """A micro-batch's host work: what Trainer.prepare builds, ahead of the micro-batch when it can."""
+
+    key: tuple  # (epoch, index)
+    gen: torch.Generator  # its generator, the anchors drawn: the noise comes next, in drafter_hidden
+    blocks: Blocks | None  # None: no anchors
+    layouts: dict | None = None  # flex_layouts of the blocks (flex attention only)
+    tpos: torch.Tensor | None = None  # [N, B] the teacher's positions (soft labels only)
+
+
 def shift_labels_late(blocks) -> torch.Tensor:
     """DIAGNOSTIC (Trainer.LABEL_SHIFT): block position k labelled with the token at anchor+k-1
     (position 1 with the anchor itself) instead of anchor+k, where the original has a label. The
@@ -204,6 +217,8 @@ class Trainer:
         self.drafter = self.opt = self.sched = None  # fp32 master weights, AdamW, LR schedule
         self.loss_fn, self.loss_impl, self.attn_impl = None, None, None  # the resolved --loss-impl, --attn-impl
         self.upcoming = None  # iterator over the global sequence from the current position
+        self.ahead = collections.deque()  # items taken from `upcoming` to look ahead, not yet trained on
+        self.prepared = None  # the host work of this rank's next micro-batch, done ahead (Prepared)
         self.eval_spent_s = 0.0  # wall time of this process's interval evaluations
         self.recent = []  # (accept_proxy, acc at position 1) of the newest training steps (the guard's window)
 
@@ -251,6 +266,8 @@ class Trainer:
         elif getattr(a, "init_from", None):
             self.log(f"--init-from {a.init_from} ignored: resumed from a checkpoint of this run")
         self.upcoming = self.stream.iterate(self.epoch, self.batch_index)
+        self.ahead.clear()
+        self.prepared = None
         self.feed.start(self.data, self._mine(self.stream.iterate(self.epoch, self.batch_index)))
         n_params = sum(q.numel() for q in self.drafter.parameters())
         self.log(f"drafter: {n_params / 1e6:.2f}M trainable params, {self.dcfg.num_hidden_layers} layers, block "
@@ -302,29 +319,56 @@ class Trainer:
         return self.epoch + self.batch_index / max(1, self.batches_per_epoch)
 
     # ---- one optimizer step ------------------------------------------------------------------
+    PREPARE_AHEAD = True  # False: each micro-batch's host work in-line (the reference the tests compare with)
+
+    def prepare(self, epoch, index, idx) -> Prepared:
+        """The host work of micro-batch (epoch, index): anchors, blocks, the flex layouts and the
+        teacher's positions. It needs no features, so train_step runs it for the next micro-batch
+        while this one's kernels run; pinned, so their copies to the device do not wait."""
+        a = self.args
+        seqs, masks = zip(*(self.data.seq(i) for i in idx), strict=True)
+        gen = micro_batch_generator(a.seed, epoch, index)
+        anchors = sample_anchors(list(masks), a.max_anchors, gen)
+        if sum(len(x) for x in anchors) == 0:
+            return Prepared((epoch, index), gen, None)  # nothing supervised in this micro-batch
+        blocks = build_blocks(list(seqs), list(masks), anchors, a.block_size, self.dcfg.mask_token_id)
+        if self.LABEL_SHIFT:
+            blocks.labels = shift_labels_late(blocks)
+        p = Prepared((epoch, index), gen, blocks)
+        if self.attn_impl == "flex":
+            p.layouts = flex_layouts(self.dcfg, blocks)
+        if a.use_soft_labels:  # the lengths the feed will report: those of the sequences
+            lengths = torch.tensor([len(x) for x in seqs])
+            p.tpos = torch.minimum(blocks.teacher_pos, (lengths[blocks.seq] - 1)[:, None])
+        if self.dev.startswith("cuda"):
+            pin = lambda t: t.pin_memory() if isinstance(t, torch.Tensor) else t  # noqa: E731
+            for k in ("seq", "anchor", "input_ids", "labels"):
+                setattr(blocks, k, pin(getattr(blocks, k)))
+            p.tpos = None if p.tpos is None else pin(p.tpos)
+            p.layouts = None if p.layouts is None else {t: {k: pin(v) for k, v in lay.items()}
+                                                        for t, lay in p.layouts.items()}
+        return p
+
     def micro_batch(self, epoch, index, idx, noise) -> dict | None:
         """Forward and backward of one micro-batch; returns its statistics (None: no anchors)."""
         a = self.args
         f = self.feed.get((epoch, index), idx)  # the feeds leave the drafter's device idle
         span = DeviceSpan(self.dev)
-        seqs, masks = zip(*(self.data.seq(i) for i in idx), strict=True)
-        gen = micro_batch_generator(a.seed, epoch, index)
-        anchors = sample_anchors(list(masks), a.max_anchors, gen)
+        p, self.prepared = self.prepared, None
+        if p is None or p.key != (epoch, index):
+            p = self.prepare(epoch, index, idx)
         out = {"tokens": int(f.lengths.sum()), "target_s": f.target_s, "wait_s": f.wait_s,
                "occupancy": f.occupancy}
-        if sum(len(x) for x in anchors) == 0:
+        if p.blocks is None:
             return out  # nothing supervised in this micro-batch
-        blocks = build_blocks(list(seqs), list(masks), anchors, a.block_size, self.dcfg.mask_token_id)
-        if self.LABEL_SHIFT:
-            blocks.labels = shift_labels_late(blocks)
+        blocks = p.blocks
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dev.startswith("cuda")):
-            student = drafter_hidden(self.drafter, self.embed_weight, f.feats, blocks, noise, gen,
-                                     attn_impl=self.attn_impl)
+            student = drafter_hidden(self.drafter, self.embed_weight, f.feats, blocks, noise, p.gen,
+                                     attn_impl=self.attn_impl, layouts=p.layouts)
             teacher = None
             if a.use_soft_labels:
-                tpos = torch.minimum(blocks.teacher_pos, (f.lengths[blocks.seq] - 1)[:, None])
                 teacher = f.last[blocks.seq.to(self.dev, non_blocking=True)[:, None],
-                                 tpos.to(self.dev, non_blocking=True)]
+                                 p.tpos.to(self.dev, non_blocking=True)]
             loss, st = drafter_loss(student, teacher, self.lm_head_weight,
                                     blocks.labels.to(self.dev, non_blocking=True),
                                     loss_fn=self.loss_fn, weighting=a.loss_weighting, streak_alpha=a.streak_alpha,
@@ -335,6 +379,20 @@ class Trainer:
         out.update(loss=loss.detach().double(), ce=st["ce"], kl=st["kl"], correct=st["correct"], count=st["count"],
                    rows=blocks.input_ids.numel(), span=span.stop())
         return out
+
+    def next_micro_batch(self):
+        """The next item of the global sequence (the looked-ahead ones first)."""
+        return self.ahead.popleft() if self.ahead else next(self.upcoming)
+
+    def prepare_next(self, g):
+        """Prepare this rank's first micro-batch after global position g (while the device is busy).
+        The items looked at stay in `ahead`, so the sequence train_step consumes is unchanged."""
+        k = 0
+        while (g + 1 + k) % self.r.world != self.r.rank:
+            k += 1
+        while len(self.ahead) <= k:
+            self.ahead.append(next(self.upcoming))
+        self.prepared = self.prepare(*self.ahead[k])
 
     def all_reduce_grads(self):
         """Average gradients over drafter ranks. A plain all-reduce per parameter, not a DDP wrapper:
@@ -365,11 +423,13 @@ class Trainer:
         t_step = time.perf_counter()
         first = self.step * self.per_step
         for j in range(self.per_step):
-            epoch, index, idx = next(self.upcoming)
+            epoch, index, idx = self.next_micro_batch()
             self.epoch, self.batch_index = epoch, index + 1
             if (first + j) % self.r.world != self.r.rank:
                 continue
             m = self.micro_batch(epoch, index, idx, noise)
+            if self.PREPARE_AHEAD:  # backward is queued: the host prepares the next micro-batch meanwhile
+                self.prepare_next(first + j)
             for k in ("tokens", "target_s", "wait_s"):
                 acc[k] += m[k]
             if m["occupancy"] is not None:

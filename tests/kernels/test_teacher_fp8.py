@@ -116,7 +116,7 @@ def test_fp8_teacher_against_default_path():
     b_loss, b_grad, b_ce, b_ok = fused(*inputs, teacher_fp8=False, **KW)
     assert torch.equal(ce, b_ce) and torch.equal(ok, b_ok)  # student logits: the same GEMM
     assert close(loss, b_loss, 2e-2)
-    assert torch.nn.functional.cosine_similarity(grad.flatten(), b_grad.flatten(), dim=0) > 0.99
+    assert torch.nn.functional.cosine_similarity(grad.flatten(), b_grad.flatten(), dim=0) > 0.98  # 0.995 measured
     dropped = (inputs[3] == -100) | (inputs[4] == 0)
     assert torch.all(grad[dropped] == 0)
 

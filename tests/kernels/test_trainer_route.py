@@ -38,3 +38,30 @@ def test_triton_route_matches_the_reference(weighting):
     assert st["ce"] == pytest.approx(r_st["ce"], rel=1e-4)
     assert st["kl"] == pytest.approx(r_st["kl"], rel=1e-3)
     assert st["correct"] == r_st["correct"] and st["rows"] == r_st["rows"]
+
+
+@needs_triton
+def test_teacher_fp8_reaches_the_kernel_through_the_trainer_route():
+    """dflash-train --teacher-fp8 binds teacher_fp8 into the loss function: the route's loss is the
+    FP8 path's (the kernel called directly with teacher_fp8=True), not the default path's."""
+    from flashfleet_kernels import fused_linear_distill_loss
+
+    g = torch.Generator().manual_seed(3)
+    n, b, h, v = 6, 4, 32, 304  # FP8 GEMMs need the head's sizes to be multiples of 16
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    hs, ht = (torch.randn(n, b, h, generator=g).to(DEVICE, dtype) for _ in range(2))
+    w_head = (torch.randn(v, h, generator=g) * 0.5).to(DEVICE, dtype)
+    y = torch.randint(0, v, (n, b), generator=g).to(DEVICE)
+    y[:, 0] = IGNORE
+    fn, name = get_loss_fn("triton", teacher_fp8=True)
+    assert name == "triton+teacher_fp8"
+    loss, _ = drafter_loss(hs, ht, w_head, y, loss_fn=fn, weighting="decay", use_soft_labels=True,
+                           kl_temperature=2.0, kl_weight=0.7)
+    w = drafter_loss(hs, ht, w_head, y, loss_fn=get_loss_fn("triton")[0], weighting="decay", use_soft_labels=True,
+                     kl_temperature=2.0, kl_weight=0.7)[1]["weights"]
+    direct = {fp8: fused_linear_distill_loss(hs, ht, w_head, y, w, temperature=2.0, kl_weight=0.7, impl="triton",
+                                             teacher_fp8=fp8) for fp8 in (True, False)}
+    assert float(direct[True]) != float(direct[False])  # the two paths are told apart at this shape
+    torch.testing.assert_close(loss, direct[True], atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="teacher_fp8 is an option of the Triton path"):
+        get_loss_fn("torch", teacher_fp8=True)[0](hs, ht, w_head, y, w, temperature=2.0, kl_weight=0.7)

@@ -91,6 +91,12 @@ NUMBERS = [
     (["--node-rank", "-1"], "--node-rank -1 is not in 0..0"),
 ]
 
+# --teacher-fp8 (the fused loss's FP8 teacher GEMM): refused where it cannot run or would do nothing.
+FP8 = [
+    (["--teacher-fp8"], "--teacher-fp8 without --use-soft-labels: a CE-only run computes no teacher logits"),
+    (["--teacher-fp8", "--use-soft-labels"], "--teacher-fp8 with a CPU drafter: the FP8 teacher GEMM is an option"),
+]
+
 ARGPARSE = [
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
@@ -100,7 +106,7 @@ ARGPARSE = [
 ]
 
 
-@pytest.mark.parametrize(("extra", "says"), NUMBERS + ARGPARSE, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+@pytest.mark.parametrize(("extra", "says"), NUMBERS + FP8 + ARGPARSE, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_bad_flag_is_one_line_exit_78_nothing_changed(extra, says, trainer_argv, out_dir, capsys):
     line = _refused(trainer_argv(*extra, out=out_dir), capsys, out_dir)
     assert says in line, line
@@ -130,6 +136,18 @@ def test_negative_values_of_the_right_range_still_parse_and_help_states_ranges(t
     for rule in ("in (0, 1)", "in [0, 1)", "w in [0, 1]", "(>= 0; 0 = off)", "(0 = keep all)", "N >= 1 steps",
                  "(> 0)", "must exist when given", "65 the loss"):
         assert rule in helptext, rule
+
+
+def test_teacher_fp8_needs_a_head_of_multiples_of_16():
+    from types import SimpleNamespace
+
+    from flashfleet_trainer.config import ConfigError
+    from flashfleet_trainer.preflight import check_teacher_fp8
+
+    args = SimpleNamespace(teacher_fp8=True, use_soft_labels=True, loss_impl="auto")
+    with pytest.raises(ConfigError, match=r"LM head is \[258, 64\], and FP8 GEMMs need both sizes to be multiples of 16"):
+        check_teacher_fp8(args, 258, 64, ["cuda:0"])  # the real-text tiny target's byte vocabulary
+    assert check_teacher_fp8(SimpleNamespace(teacher_fp8=False), 258, 64, ["cpu"]) is None
 
 
 def test_missing_eval_prompts_is_refused(trainer_argv, out_dir, tmp_path, capsys):

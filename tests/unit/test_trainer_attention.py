@@ -146,6 +146,34 @@ def test_flex_forward_matches_dense_on_cpu():
     assert torch.allclose(again, flex, atol=1e-6)
 
 
+def test_activations_travel_in_the_autocast_dtype_between_layers():
+    """Under bf16 autocast (training on CUDA; CPU autocast here) the residual stream, the context
+    and every norm's output are bf16, so no layer casts its input again, while the master weights
+    stay fp32; without autocast everything stays in the weights' dtype. The bf16 output stays close
+    to the fp32 one."""
+    cfg = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=8, num_hidden_layers=2, target_layer_ids=[0, 1], block_size=4, mask_token_id=3,
+                        vocab_size=50)
+    torch.manual_seed(0)
+    drafter, embed = DFlashDrafter(cfg), torch.randn(50, 32)
+    _, _, blocks = _blocks(np.random.default_rng(2))
+    feats = torch.randn(3, 200, 64)
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, i, o: seen.append((type(m).__name__, o.dtype)))
+             for m in drafter.modules() if type(m).__name__ in ("DraftLayer", "RMSNorm")]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = drafter_hidden(drafter, embed, feats, blocks, attn_impl="dense")
+    assert low.dtype == torch.bfloat16 and {d for _, d in seen} == {torch.bfloat16}, seen
+    assert len(seen) == 1 + 2 * 5 + 1  # hidden_norm; per layer its 2 norms, q/k norms and itself; the final norm
+    assert all(p.dtype == torch.float32 for p in drafter.parameters())
+    seen.clear()
+    full = drafter_hidden(drafter, embed, feats, blocks, attn_impl="dense")
+    assert full.dtype == torch.float32 and {d for _, d in seen} == {torch.float32}
+    for h in hooks:
+        h.remove()
+    assert float((low.float() - full).norm() / full.norm()) < 3e-2
+
+
 def test_bucket_pads_little_and_to_whole_tiles():
     seen = set()
     for n in range(1, 40_000, 37):

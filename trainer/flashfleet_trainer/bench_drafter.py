@@ -64,7 +64,7 @@ class Bench:
         rng = np.random.default_rng(0)
         self.tokens = [rng.integers(0, a.vocab - 1, size=a.seq_len) for _ in range(a.seqs)]
         self.masks = [np.ones(a.seq_len, dtype=np.int64) for _ in range(a.seqs)]
-        self.loss_fn, self.loss_impl = get_loss_fn(a.loss_impl)
+        self.loss_fn, self.loss_impl = get_loss_fn(a.loss_impl, teacher_fp8=a.teacher_fp8)
         self.attn_impl = resolve_attn_impl(a.attn_impl, self.dev)
 
     def sync(self):
@@ -221,6 +221,7 @@ def main(argv=None):
     p.add_argument("--attn-impl", choices=("auto", "dense", "flex"), default="auto")
     p.add_argument("--fused-adamw", choices=("auto", "on", "off"), default="auto", help="auto: fused on CUDA")
     p.add_argument("--loss-impl", choices=("auto", "triton", "torch"), default="auto")
+    p.add_argument("--teacher-fp8", action="store_true", help="the loss's teacher logits from an FP8 GEMM")
     p.add_argument("--weighting", choices=("streak", "decay", "uniform"), default="streak",
                    help="position weights (streak: computed inside the loss from its own CE)")
     p.add_argument("--eager-elementwise", action="store_true", help="RMSNorm and RoPE op by op (not compiled)")

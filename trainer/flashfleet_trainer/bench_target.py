@@ -48,6 +48,11 @@ def main(argv=None):
                    help="a CE-only run's forward: stop after the deepest feature layer (no final state)")
     p.add_argument("--min-len", type=int, default=None, help="draw lengths from [min-len, seq-len]")
     p.add_argument("--padded", action="store_true", help="one forward padded to the longest (the old path)")
+    p.add_argument("--sdpa", choices=("default", "cudnn", "flash"), default="default",
+                   help="the attention backend torch tries first (default: torch's own order)")
+    p.add_argument("--compile", choices=("none", "parts", "layers"), default="none",
+                   help="torch.compile the decoder's norms and MLPs (parts) or each whole decoder layer's forward "
+                        "(layers; dynamic shapes, hooks stay outside), to fuse the memory-bound ops around the GEMMs")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     a = p.parse_args(argv)
@@ -58,6 +63,7 @@ def main(argv=None):
     print(f"built {a.shape} ({text.num_hidden_layers} layers, "
           f"{sum(x.numel() for x in model.parameters()) / 1e9:.2f}B params) on {dev} in {time.perf_counter() - t0:.0f} s",
           flush=True)
+    compile_target(model, a.compile)
     layer_ids = default_target_layers(text.num_hidden_layers, a.draft_layers)
     producer = HiddenStateProducer(None, [dev], layer_ids, dev, replicas=[(dev, model)])
     kernels = linear_attention_kernels(text) if "qwen3_5" in getattr(text, "model_type", "") else {}
@@ -73,16 +79,44 @@ def main(argv=None):
             return producer.forward(ids, mask, want_last=want_last)
         return producer.forward_batch(ids, lengths, want_last=want_last)
 
-    times = timed_forwards(step, a.warmup, a.steps, dev)
+    with sdpa_first(a.sdpa):
+        times = timed_forwards(step, a.warmup, a.steps, dev)
     tokens = int(lengths.sum())
     med = statistics.median(times)
     out = {"shape": a.shape, "layers": text.num_hidden_layers, "tokens_per_forward": tokens,
            "padded_tokens": a.seqs * a.seq_len, "path": "padded" if a.padded else "length groups",
            "target_tokens_per_s": tokens / med, "spread": (max(times) - min(times)) / med,
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None,
-           "linear_attention": kernels, "target_layer_ids": layer_ids,
+           "linear_attention": kernels, "target_layer_ids": layer_ids, "sdpa": a.sdpa, "compile": a.compile,
            "layers_run": max(layer_ids) + 1 if a.no_soft_labels else text.num_hidden_layers}
     print(json.dumps(out))
+
+
+def compile_target(model, how: str) -> None:
+    """Compile parts of the decoder in place (see --compile); 'none' leaves it as transformers built it."""
+    if how == "none":
+        return
+    for layer in model.get_decoder().layers:
+        if how == "layers":
+            layer.forward = torch.compile(layer.forward, dynamic=True)
+            continue
+        for name, sub in list(layer.named_modules()):
+            if name and (name.endswith("norm") or name == "mlp"):
+                sub.forward = torch.compile(sub.forward, dynamic=True)
+
+
+def sdpa_first(backend: str):
+    """A context in which scaled_dot_product_attention tries `backend` first (then torch's others)."""
+    import contextlib
+
+    if backend == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    first = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+    rest = [b for b in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH) if b != first]
+    return sdpa_kernel([first, *rest], set_priority=True)
 
 
 def timed_forwards(step, warmup, steps, dev) -> list[float]:

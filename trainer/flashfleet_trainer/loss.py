@@ -29,8 +29,9 @@ import torch
 IGNORE = -100
 
 
-def get_loss_fn(impl: str = "auto"):
-    """(function, name): `flashfleet_kernels.fused_linear_distill_loss` with `impl` bound.
+def get_loss_fn(impl: str = "auto", teacher_fp8: bool = False):
+    """(function, name): `flashfleet_kernels.fused_linear_distill_loss` with `impl` bound (and
+    `teacher_fp8`, the Triton path's FP8 teacher logits, when True).
 
     'auto': the Triton kernel for CUDA tensors and the torch reference for CPU tensors, decided
     per call by the dispatcher; named "triton" when Triton is importable, else "torch".
@@ -47,7 +48,8 @@ def get_loss_fn(impl: str = "auto"):
     name = impl
     if impl == "auto":
         name = "triton" if triton_fused_linear_distill_loss is not None else "torch"
-    return functools.partial(fused_linear_distill_loss, impl=impl), name
+    fp8 = {"teacher_fp8": True} if teacher_fp8 else {}
+    return functools.partial(fused_linear_distill_loss, impl=impl, **fp8), name + ("+teacher_fp8" if teacher_fp8 else "")
 
 
 def default_gamma(block_size: int) -> float:

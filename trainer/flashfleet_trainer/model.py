@@ -336,10 +336,12 @@ def _fused(fn, x):
 
 
 def rms_norm(x, weight, eps):
+    """In fp32, rounded to x's dtype, scaled by the weight in x's dtype: a bf16 input gives a bf16
+    output (an fp32 weight no longer promotes it back to fp32)."""
     dtype = x.dtype
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x.to(dtype)
+    return weight.to(dtype) * x.to(dtype)
 
 
 class RMSNorm(nn.Module):
@@ -369,6 +371,15 @@ def _apply_rope(x, cos, sin):
 def apply_rope(x, cos, sin):
     """x [heads, M, d]."""
     return _fused(_apply_rope, x)(x, cos, sin)
+
+
+def activation_dtype(weight) -> torch.dtype:
+    """The dtype the drafter's activations travel in between its layers: autocast's where autocast
+    is on (bf16 in training on CUDA), so the residual stream, the context and the norms' outputs are
+    already what every matmul takes and no layer casts its input again (fp32 master weights stay
+    fp32); the weights' own dtype otherwise (CPU, evaluation without autocast)."""
+    dev = weight.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
 
 
 def _layer_mask(mask, layer_type):
@@ -459,13 +470,14 @@ class DFlashDrafter(nn.Module):
         SparseAttention (`drafter_attention` builds the right one). ctx_kv: `context_kv`'s list
         instead of ctx_feat / ctx_pos (the evaluator's cache). Returns the normed output [M, H]."""
         c = self.config
+        dt = activation_dtype(self.fc.weight)
         rope_q = rope(block_pos, c.head_dim, c.rope_theta)
         if ctx_kv is None:
-            ctx = self.hidden_norm(self.fc(ctx_feat.to(self.fc.weight.dtype)))
+            ctx = self.hidden_norm(self.fc(ctx_feat.to(dt)))
             rope_kv, ctx_kv = rope(torch.cat([ctx_pos, block_pos]), c.head_dim, c.rope_theta), [None] * len(self.layers)
         else:
             ctx, rope_kv = None, rope_q
-        x = block_emb.to(self.fc.weight.dtype)
+        x = block_emb.to(dt)
         for layer, kv in zip(self.layers, ctx_kv, strict=True):
             x = layer(x, ctx, rope_q, rope_kv, mask, kv)
         return self.norm(x)
@@ -475,7 +487,7 @@ class DFlashDrafter(nn.Module):
         and no layer updates it, so these depend on the target's features alone and can be cached
         and extended position by position (the evaluator does)."""
         c = self.config
-        ctx = self.hidden_norm(self.fc(ctx_feat.to(self.fc.weight.dtype)))
+        ctx = self.hidden_norm(self.fc(ctx_feat.to(activation_dtype(self.fc.weight))))
         rope_ctx = rope(ctx_pos, c.head_dim, c.rope_theta)
         return [layer.self_attn.kv(ctx, rope_ctx) for layer in self.layers]
 

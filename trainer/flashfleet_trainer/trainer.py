@@ -260,7 +260,7 @@ class Trainer:
                                      betas=(0.9, 0.95), eps=1e-8, fused=self.dev.startswith("cuda") or None)
         self.attn_impl = resolve_attn_impl(getattr(a, "attn_impl", "auto"), self.dev)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, a.warmup_ratio))
-        self.loss_fn, self.loss_impl = get_loss_fn(a.loss_impl)
+        self.loss_fn, self.loss_impl = get_loss_fn(a.loss_impl, teacher_fp8=a.teacher_fp8)
         if self.resume() is None and getattr(a, "init_from", None):
             self.init_from(a.init_from)
         elif getattr(a, "init_from", None):

@@ -271,3 +271,42 @@ def test_forward_batch_gives_each_sequence_its_own_unpadded_features(hybrid):
     feats_ce, none = producer.forward_batch(ids, lengths, want_last=False)
     assert none is None
     torch.testing.assert_close(feats_ce, feats, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_compiled_decoder_layers_give_the_eager_features_and_leave_cached_forwards_eager(hybrid, device):
+    """compile_decoder_layers (the trainer's default on a CUDA target): every decoder layer's forward
+    is compiled, the feature hooks still see each layer's output, a no-soft-labels forward still
+    stops at the deepest feature layer, and the features equal the eager ones (exactly through
+    dynamo's eager backend on CPU; within bf16 rounding through inductor on a GPU). A forward with
+    a KV cache (the evaluator's) runs the eager layers."""
+    from flashfleet_trainer.model import compile_decoder_layers
+
+    dtype, backend = (torch.float32, "eager") if device == "cpu" else (torch.bfloat16, "inductor")
+    ids = torch.randint(1, VOCAB - 1, (3, 40), generator=torch.Generator().manual_seed(4))
+    lengths = torch.tensor([40, 21, 33])
+    eager = HiddenStateProducer(None, [device], [1, 3, 5], device, compile_layers=False,
+                                replicas=[(device, load_target_model(hybrid, device, dtype))])
+    ref = eager.forward_batch(ids, lengths)
+    model = load_target_model(hybrid, device, dtype)
+    assert compile_decoder_layers(model, backend=backend) == LAYERS
+    calls = {"compiled": 0, "eager": 0}
+    for layer in model.get_decoder().layers:
+        wrapped = layer.forward
+        for kind in calls:
+            fn = getattr(wrapped, kind)
+            setattr(wrapped, kind, lambda *a, _fn=fn, _k=kind, **k: (calls.__setitem__(_k, calls[_k] + 1), _fn(*a, **k))[1])
+    compiled = HiddenStateProducer(None, [device], [1, 3, 5], device, compile_layers=False, replicas=[(device, model)])
+    got = compiled.forward_batch(ids, lengths)
+    tol = dict(atol=0, rtol=0) if device == "cpu" else dict(atol=3e-2, rtol=3e-2)
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, **tol)
+    assert calls == {"compiled": 2 * LAYERS, "eager": 0}  # two length groups, every layer compiled
+    feats, last = compiled.forward(ids[1:2, :21], want_last=False)
+    assert last is None and calls["compiled"] == 2 * LAYERS + 6  # stopped after layer 5
+    torch.testing.assert_close(feats, ref[0][1:2, :21], **tol)
+    from transformers import DynamicCache
+
+    compiled.forward(ids[:1, :8], past_key_values=DynamicCache(config=model.config))
+    assert calls["eager"] == LAYERS

@@ -50,9 +50,9 @@ def main(argv=None):
     p.add_argument("--padded", action="store_true", help="one forward padded to the longest (the old path)")
     p.add_argument("--sdpa", choices=("default", "cudnn", "flash"), default="default",
                    help="the attention backend torch tries first (default: torch's own order)")
-    p.add_argument("--compile", choices=("none", "parts", "layers"), default="none",
-                   help="torch.compile the decoder's norms and MLPs (parts) or each whole decoder layer's forward "
-                        "(layers; dynamic shapes, hooks stay outside), to fuse the memory-bound ops around the GEMMs")
+    p.add_argument("--compile", choices=("none", "parts", "layers"), default="layers",
+                   help="torch.compile each decoder layer's forward (layers: the trainer's default, "
+                        "`compile_decoder_layers`), only the norms and MLPs (parts), or nothing (none: eager)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     a = p.parse_args(argv)
@@ -63,9 +63,11 @@ def main(argv=None):
     print(f"built {a.shape} ({text.num_hidden_layers} layers, "
           f"{sum(x.numel() for x in model.parameters()) / 1e9:.2f}B params) on {dev} in {time.perf_counter() - t0:.0f} s",
           flush=True)
-    compile_target(model, a.compile)
+    if a.compile == "parts":
+        compile_parts(model)
     layer_ids = default_target_layers(text.num_hidden_layers, a.draft_layers)
-    producer = HiddenStateProducer(None, [dev], layer_ids, dev, replicas=[(dev, model)])
+    producer = HiddenStateProducer(None, [dev], layer_ids, dev, replicas=[(dev, model)],
+                                   compile_layers=a.compile == "layers")
     kernels = linear_attention_kernels(text) if "qwen3_5" in getattr(text, "model_type", "") else {}
     ids = torch.randint(0, text.vocab_size - 1, (a.seqs, a.seq_len))
     lengths = torch.full((a.seqs,), a.seq_len)
@@ -92,14 +94,9 @@ def main(argv=None):
     print(json.dumps(out))
 
 
-def compile_target(model, how: str) -> None:
-    """Compile parts of the decoder in place (see --compile); 'none' leaves it as transformers built it."""
-    if how == "none":
-        return
+def compile_parts(model) -> None:
+    """Compile only the decoder layers' norms and MLPs in place (--compile parts)."""
     for layer in model.get_decoder().layers:
-        if how == "layers":
-            layer.forward = torch.compile(layer.forward, dynamic=True)
-            continue
         for name, sub in list(layer.named_modules()):
             if name and (name.endswith("norm") or name == "mlp"):
                 sub.forward = torch.compile(sub.forward, dynamic=True)

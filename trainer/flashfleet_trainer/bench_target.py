@@ -22,7 +22,13 @@ import time
 
 import torch
 
-from .model import HiddenStateProducer, default_target_layers, linear_attention_kernels, text_config_of
+from .model import (
+    HiddenStateProducer,
+    compile_decoder_layers,
+    default_target_layers,
+    linear_attention_kernels,
+    text_config_of,
+)
 from .shapes import SHAPES, shape_config
 
 
@@ -50,9 +56,10 @@ def main(argv=None):
     p.add_argument("--padded", action="store_true", help="one forward padded to the longest (the old path)")
     p.add_argument("--sdpa", choices=("default", "cudnn", "flash"), default="default",
                    help="the attention backend torch tries first (default: torch's own order)")
-    p.add_argument("--compile", choices=("none", "parts", "layers"), default="layers",
-                   help="torch.compile each decoder layer's forward (layers: the trainer's default, "
-                        "`compile_decoder_layers`), only the norms and MLPs (parts), or nothing (none: eager)")
+    p.add_argument("--compile", choices=("none", "parts", "layers"), default="none",
+                   help="torch.compile each decoder layer's forward (layers: `compile_decoder_layers`, the "
+                        "trainer's default for a CUDA target of full-attention layers), only the norms and MLPs "
+                        "(parts), or nothing (none: transformers' eager forward)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     a = p.parse_args(argv)
@@ -65,9 +72,10 @@ def main(argv=None):
           flush=True)
     if a.compile == "parts":
         compile_parts(model)
+    elif a.compile == "layers":
+        compile_decoder_layers(model)
     layer_ids = default_target_layers(text.num_hidden_layers, a.draft_layers)
-    producer = HiddenStateProducer(None, [dev], layer_ids, dev, replicas=[(dev, model)],
-                                   compile_layers=a.compile == "layers")
+    producer = HiddenStateProducer(None, [dev], layer_ids, dev, replicas=[(dev, model)], compile_layers=False)
     kernels = linear_attention_kernels(text) if "qwen3_5" in getattr(text, "model_type", "") else {}
     ids = torch.randint(0, text.vocab_size - 1, (a.seqs, a.seq_len))
     lengths = torch.full((a.seqs,), a.seq_len)

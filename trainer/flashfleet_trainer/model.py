@@ -792,6 +792,14 @@ def compile_decoder_layers(model, backend="inductor") -> int:
     return len(layers)
 
 
+def compiled_by_default(device, cfg) -> bool:
+    """Whether a target replica's layers are compiled (`compile_decoder_layers`) unless told not to:
+    on CUDA, for stacks of full-attention layers only. A hybrid stack's linear-attention layers call
+    flash-linear-attention's Triton kernels, and compiling around them was not shown to pay (its
+    first compile did not finish in three minutes on one H200), so it stays eager."""
+    return torch.device(device).type == "cuda" and not is_hybrid(text_config_of(cfg))
+
+
 class HiddenStateProducer:
     """The frozen target, one replica per target device; produces features for micro-batches.
 
@@ -804,8 +812,8 @@ class HiddenStateProducer:
 
     def __init__(self, model_dir, devices, layer_ids, out_device, on_status=None, replicas=None, compile_layers=True):
         """replicas: [(device, model)] already built (a benchmark's random-weight target) instead
-        of loading model_dir on each device. compile_layers: `compile_decoder_layers` on each CUDA
-        replica (CPU replicas stay eager)."""
+        of loading model_dir on each device. compile_layers: `compile_decoder_layers` on each replica
+        where `compiled_by_default` says so."""
         self.layer_ids, self.out_device, self.replicas, self._next = list(layer_ids), out_device, [], 0
         for i, dev in enumerate([] if replicas is not None else devices):
             if on_status:
@@ -817,7 +825,7 @@ class HiddenStateProducer:
                 on_status(f"target {i + 1}/{len(devices)} loaded")
         self.replicas = self.replicas or list(replicas)
         for dev, model in self.replicas:
-            if compile_layers and torch.device(dev).type == "cuda":
+            if compile_layers and compiled_by_default(dev, model.config):
                 compile_decoder_layers(model)
         model = self.replicas[0][1]
         self.config = model.config

@@ -1,0 +1,64 @@
+"""The target's decoder layers compiled (`compile_decoder_layers`, the trainer's default on a CUDA
+target of full-attention layers): the same features as the eager forward, hooks and the early stop
+still working, cached (evaluation) forwards left eager; which targets are compiled by default.
+On CPU through dynamo's eager backend (exact); on a GPU through inductor (bf16 rounding)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from flashfleet_trainer.model import (
+    HiddenStateProducer,
+    compile_decoder_layers,
+    compiled_by_default,
+    load_target_model,
+)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+LAYER_IDS = [0, 2, 2]  # the tiny target has 4 layers; the deepest feature layer is 2
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_compiled_layers_give_the_eager_features_and_cached_forwards_stay_eager(trainer_tiny, device):
+    dtype, backend = (torch.float32, "eager") if device == "cpu" else (torch.bfloat16, "inductor")
+    path = trainer_tiny / "model"
+    ids = torch.randint(1, 127, (3, 40), generator=torch.Generator().manual_seed(4))
+    lengths = torch.tensor([40, 21, 33])
+    eager = HiddenStateProducer(None, [device], LAYER_IDS, device, compile_layers=False,
+                                replicas=[(device, load_target_model(path, device, dtype))])
+    ref = eager.forward_batch(ids, lengths)
+    model = load_target_model(path, device, dtype)
+    n_layers = model.config.num_hidden_layers
+    assert compile_decoder_layers(model, backend=backend) == n_layers
+    calls = {"compiled": 0, "eager": 0}
+
+    def counting(kind, fn):
+        def counted(*a, **k):
+            calls[kind] += 1
+            return fn(*a, **k)
+        return counted
+
+    for layer in model.get_decoder().layers:  # count which forward each layer call takes
+        for kind in calls:
+            setattr(layer.forward, kind, counting(kind, getattr(layer.forward, kind)))
+    compiled = HiddenStateProducer(None, [device], LAYER_IDS, device, compile_layers=False, replicas=[(device, model)])
+    tol = dict(atol=0, rtol=0) if device == "cpu" else dict(atol=3e-2, rtol=3e-2)
+    for got, want in zip(compiled.forward_batch(ids, lengths), ref, strict=True):
+        torch.testing.assert_close(got, want, **tol)
+    assert calls == {"compiled": 2 * n_layers, "eager": 0}  # two length groups, every layer compiled
+    feats, last = compiled.forward(ids[1:2, :21], want_last=False)
+    assert last is None and calls["compiled"] == 2 * n_layers + 3  # stopped after layer 2
+    torch.testing.assert_close(feats, ref[0][1:2, :21], **tol)
+    from transformers import DynamicCache
+
+    compiled.forward(ids[:1, :8], past_key_values=DynamicCache(config=model.config))
+    assert calls["eager"] == n_layers
+
+
+def test_which_targets_are_compiled_by_default():
+    dense = SimpleNamespace(layer_types=["full_attention"] * 4)
+    hybrid = SimpleNamespace(text_config=SimpleNamespace(layer_types=["linear_attention"] * 3 + ["full_attention"]))
+    assert compiled_by_default("cuda:0", dense) and compiled_by_default("cuda", SimpleNamespace())
+    assert not compiled_by_default("cpu", dense)
+    assert not compiled_by_default("cuda:1", hybrid)  # flash-linear-attention's kernels stay eager

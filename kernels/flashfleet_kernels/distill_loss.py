@@ -347,6 +347,15 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
+def fp8_teacher_logits(h_t: torch.Tensor, head8: tuple[torch.Tensor, torch.Tensor], out_dtype: torch.dtype,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """``h_t @ W^T`` from the FP8 GEMM: ``h_t``'s rows quantized here (:func:`quantize_rows_fp8`),
+    ``head8`` the head's FP8 copy and scales (:func:`fp8_head`); written into ``out`` when given."""
+    h8, h_scale = quantize_rows_fp8(h_t)
+    w8, w_scale = head8
+    return torch._scaled_mm(h8, w8.t(), h_scale, w_scale, out_dtype=out_dtype, **({} if out is None else {"out": out}))
+
+
 def fp8_support_problem(device: torch.device, out_dtype: torch.dtype) -> str | None:
     """None if ``torch._scaled_mm`` with one float8 scale per row runs on ``device`` and writes
     ``out_dtype``, else what went wrong. Probed once per device and dtype, on a 16 x 16 product."""
@@ -516,9 +525,7 @@ class ChunkLoop:
             return
         torch.mm(self.h_s[start:end], self.weight_t, out=z_s)
         if self.head8 is not None:  # FP8 teacher: the chunk's rows quantized here, the head once (cached)
-            h8, h_scale = quantize_rows_fp8(self.h_t[start:end])
-            w8, w_scale = self.head8
-            torch._scaled_mm(h8, w8.t(), h_scale, w_scale, out_dtype=z_t.dtype, out=z_t)
+            fp8_teacher_logits(self.h_t[start:end], self.head8, z_t.dtype, out=z_t)
         elif self.has_kl:
             torch.mm(self.h_t[start:end], self.weight_t, out=z_t)
 

@@ -377,13 +377,17 @@ def fp8_support_problem(device: torch.device, out_dtype: torch.dtype) -> str | N
     return _fp8_support[key]
 
 
+def fp8_head_problem(vocab: int, d: int, device: torch.device, out_dtype: torch.dtype) -> str | None:
+    """None if the FP8 teacher GEMM can run for a ``[vocab, d]`` head on ``device``, else why not
+    (sizes first: they need no device)."""
+    if vocab % 16 or d % 16:
+        return f"the head is [{vocab}, {d}], and FP8 GEMMs need both sizes to be multiples of 16"
+    return fp8_support_problem(device, out_dtype)
+
+
 def check_teacher_fp8(weight: torch.Tensor, out_dtype: torch.dtype) -> None:
     """Raise before any work, naming the problem and the fix, where the FP8 teacher GEMM cannot run."""
-    vocab, d = weight.shape
-    if vocab % 16 or d % 16:
-        problem = f"the head is [{vocab}, {d}], and FP8 GEMMs need both sizes to be multiples of 16"
-    else:
-        problem = fp8_support_problem(weight.device, out_dtype)
+    problem = fp8_head_problem(*weight.shape, weight.device, out_dtype)
     if problem is None:
         return
     where = weight.device.type

@@ -94,6 +94,7 @@ NUMBERS = [
 # --teacher-fp8 (the fused loss's FP8 teacher GEMM): refused where it cannot run or would do nothing.
 FP8 = [
     (["--teacher-fp8"], "--teacher-fp8 without --use-soft-labels: a CE-only run computes no teacher logits"),
+    (["--teacher-fp8", "--use-soft-labels", "--kl-weight", "0"], "--teacher-fp8 with --kl-weight 0: a CE-only run"),
     (["--teacher-fp8", "--use-soft-labels"], "--teacher-fp8 with a CPU drafter: the FP8 teacher GEMM is an option"),
 ]
 
@@ -142,12 +143,12 @@ def test_teacher_fp8_needs_a_head_of_multiples_of_16():
     from types import SimpleNamespace
 
     from flashfleet_trainer.config import ConfigError
-    from flashfleet_trainer.preflight import check_teacher_fp8
+    from flashfleet_trainer.preflight import preflight_teacher_fp8
 
-    args = SimpleNamespace(teacher_fp8=True, use_soft_labels=True, loss_impl="auto")
-    with pytest.raises(ConfigError, match=r"LM head is \[258, 64\], and FP8 GEMMs need both sizes to be multiples of 16"):
-        check_teacher_fp8(args, 258, 64, ["cuda:0"])  # the real-text tiny target's byte vocabulary
-    assert check_teacher_fp8(SimpleNamespace(teacher_fp8=False), 258, 64, ["cpu"]) is None
+    args = SimpleNamespace(teacher_fp8=True, use_soft_labels=True, kl_weight=0.7, loss_impl="auto")
+    with pytest.raises(ConfigError, match=r"the head is \[258, 64\], and FP8 GEMMs need both sizes to be multiples of 16"):
+        preflight_teacher_fp8(args, 258, 64, ["cuda:0"])  # the real-text tiny target's byte vocabulary
+    assert preflight_teacher_fp8(SimpleNamespace(teacher_fp8=False), 258, 64, ["cpu"]) is None
 
 
 def test_missing_eval_prompts_is_refused(trainer_argv, out_dir, tmp_path, capsys):

@@ -271,4 +271,3 @@ def test_forward_batch_gives_each_sequence_its_own_unpadded_features(hybrid):
     feats_ce, none = producer.forward_batch(ids, lengths, want_last=False)
     assert none is None
     torch.testing.assert_close(feats_ce, feats, atol=0, rtol=0)
-

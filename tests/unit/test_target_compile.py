@@ -25,7 +25,7 @@ def test_compiled_layers_give_the_eager_features_and_cached_forwards_stay_eager(
     path = trainer_tiny / "model"
     ids = torch.randint(1, 127, (3, 40), generator=torch.Generator().manual_seed(4))
     lengths = torch.tensor([40, 21, 33])
-    eager = HiddenStateProducer(None, [device], LAYER_IDS, device, compile_layers=False,
+    eager = HiddenStateProducer(None, [device], LAYER_IDS, device,
                                 replicas=[(device, load_target_model(path, device, dtype))])
     ref = eager.forward_batch(ids, lengths)
     model = load_target_model(path, device, dtype)
@@ -42,7 +42,7 @@ def test_compiled_layers_give_the_eager_features_and_cached_forwards_stay_eager(
     for layer in model.get_decoder().layers:  # count which forward each layer call takes
         for kind in calls:
             setattr(layer.forward, kind, counting(kind, getattr(layer.forward, kind)))
-    compiled = HiddenStateProducer(None, [device], LAYER_IDS, device, compile_layers=False, replicas=[(device, model)])
+    compiled = HiddenStateProducer(None, [device], LAYER_IDS, device, replicas=[(device, model)])
     tol = dict(atol=0, rtol=0) if device == "cpu" else dict(atol=3e-2, rtol=3e-2)
     for got, want in zip(compiled.forward_batch(ids, lengths), ref, strict=True):
         torch.testing.assert_close(got, want, **tol)

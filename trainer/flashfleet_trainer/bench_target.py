@@ -75,7 +75,7 @@ def main(argv=None):
     elif a.compile == "layers":
         compile_decoder_layers(model)
     layer_ids = default_target_layers(text.num_hidden_layers, a.draft_layers)
-    producer = HiddenStateProducer(None, [dev], layer_ids, dev, replicas=[(dev, model)], compile_layers=False)
+    producer = HiddenStateProducer(None, [dev], layer_ids, dev, replicas=[(dev, model)])
     kernels = linear_attention_kernels(text) if "qwen3_5" in getattr(text, "model_type", "") else {}
     ids = torch.randint(0, text.vocab_size - 1, (a.seqs, a.seq_len))
     lengths = torch.full((a.seqs,), a.seq_len)

@@ -810,10 +810,11 @@ class HiddenStateProducer:
     hidden_states[L], is the final-normed state instead). The teacher's last hidden state is the
     decoder's output after its final norm; logits = that @ the untied (or tied) LM head."""
 
-    def __init__(self, model_dir, devices, layer_ids, out_device, on_status=None, replicas=None, compile_layers=True):
+    def __init__(self, model_dir, devices, layer_ids, out_device, on_status=None, replicas=None, compile_layers=False):
         """replicas: [(device, model)] already built (a benchmark's random-weight target) instead
         of loading model_dir on each device. compile_layers: `compile_decoder_layers` on each replica
-        where `compiled_by_default` says so."""
+        where `compiled_by_default` says so (the training feeds ask for it; evaluation, whose
+        forwards carry a KV cache, does not)."""
         self.layer_ids, self.out_device, self.replicas, self._next = list(layer_ids), out_device, [], 0
         for i, dev in enumerate([] if replicas is not None else devices):
             if on_status:

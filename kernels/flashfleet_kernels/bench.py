@@ -305,7 +305,7 @@ def fp8_numerics(inputs, temperature, kl_weight, rows=1024, **knobs):
     watch.mark()
     res["head_ms"], res["head_gib"] = watch.laps_ms()[0], (w8.numel() + 4 * w_scale.numel()) / GiB
     ht = h_t[:rows]
-    z_f = dl.fp8_teacher_logits(ht, (w8, w_scale), weight.dtype).float()
+    z_f = dl.fp8_teacher_logits(ht, (w8, w_scale), weight.shape[0], weight.dtype).float()
     z_b = (ht @ weight.t()).float()
     z_32 = ht.float() @ weight.float().t()
     log_p32 = torch.log_softmax(z_32 / temperature, -1)

@@ -30,7 +30,7 @@ Why this shape of implementation (docs/kernels.md has the longer story):
   their GEMM may run in FP8 (``torch._scaled_mm``, float8_e4m3fn, one scale per row of ``h_t`` and
   per vocabulary row of W, written in the head's dtype into the same workspace): less energy at
   the GPU's power limit. W is quantized once and cached (:func:`fp8_head`: ``V x d`` bytes kept
-  beside the head); the student logits and the gradient GEMM are unchanged. What it costs in
+  beside the head, V padded to a multiple of 16); the student logits and the gradient GEMM are unchanged. What it costs in
   numerics, and whether it is worth it, is in docs/benchmarks.md.
 
 Gradient with respect to the student logits of row i (``q_T = softmax(z_s / T)``,
@@ -347,13 +347,18 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
-def fp8_teacher_logits(h_t: torch.Tensor, head8: tuple[torch.Tensor, torch.Tensor], out_dtype: torch.dtype,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
-    """``h_t @ W^T`` from the FP8 GEMM: ``h_t``'s rows quantized here (:func:`quantize_rows_fp8`),
-    ``head8`` the head's FP8 copy and scales (:func:`fp8_head`); written into ``out`` when given."""
+def fp8_teacher_logits(h_t: torch.Tensor, head8: tuple[torch.Tensor, torch.Tensor], vocab: int,
+                       out_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``h_t @ W^T`` (``[rows, vocab]``) from the FP8 GEMM: ``h_t``'s rows quantized here
+    (:func:`quantize_rows_fp8`), ``head8`` the head's FP8 copy and scales (:func:`fp8_head`, its rows
+    padded to a multiple of 16); written into ``out`` when given. A padded head's GEMM writes a
+    temporary ``[rows, padded]`` and its first ``vocab`` columns are copied out."""
     h8, h_scale = quantize_rows_fp8(h_t)
     w8, w_scale = head8
-    return torch._scaled_mm(h8, w8.t(), h_scale, w_scale, out_dtype=out_dtype, **({} if out is None else {"out": out}))
+    if w8.shape[0] == vocab and out is not None:
+        return torch._scaled_mm(h8, w8.t(), h_scale, w_scale, out_dtype=out_dtype, out=out)
+    z = torch._scaled_mm(h8, w8.t(), h_scale, w_scale, out_dtype=out_dtype)[:, :vocab]
+    return z if out is None else out.copy_(z)
 
 
 def fp8_support_problem(device: torch.device, out_dtype: torch.dtype) -> str | None:
@@ -379,9 +384,10 @@ def fp8_support_problem(device: torch.device, out_dtype: torch.dtype) -> str | N
 
 def fp8_head_problem(vocab: int, d: int, device: torch.device, out_dtype: torch.dtype) -> str | None:
     """None if the FP8 teacher GEMM can run for a ``[vocab, d]`` head on ``device``, else why not
-    (sizes first: they need no device)."""
-    if vocab % 16 or d % 16:
-        return f"the head is [{vocab}, {d}], and FP8 GEMMs need both sizes to be multiples of 16"
+    (the size first: it needs no device). The vocabulary may be any size (:func:`fp8_head` pads it)."""
+    if d % 16:
+        return (f"the head is [{vocab}, {d}], and FP8 GEMMs need the hidden size {d} to be a multiple of 16 "
+                "(the vocabulary is padded, the hidden size cannot be)")
     return fp8_support_problem(device, out_dtype)
 
 
@@ -407,9 +413,11 @@ def _drop_fp8_head(ref, key):  # the head was freed: free its FP8 copy too (unle
 
 
 def fp8_head(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The head for the FP8 teacher GEMM: ``(w8 [V, d] float8_e4m3fn, scale [1, V] fp32)``, ``W ~= w8 * scale^T``.
+    """The head for the FP8 teacher GEMM: ``(w8 [V', d] float8_e4m3fn, scale [1, V'] fp32)``, ``W ~= w8 * scale^T``
+    for its first ``V`` rows; ``V'`` is ``V`` rounded up to a multiple of 16 (FP8 GEMMs need one), the
+    rows past ``V`` zero (the real vocabularies, 151,936 and 248,320, need no padding).
 
-    Cached for one head at a time (the copy takes ``V x d`` bytes: 0.72 GiB at V=151,936, d=5120),
+    Cached for one head at a time (the copy takes ``V' x d`` bytes: 0.72 GiB at V=151,936, d=5120),
     keyed on the tensor object (held weakly: the copy goes when the head does), its data pointer,
     shape, strides and version counter. So an in-place write to the head (``copy_``,
     ``load_state_dict``, an optimizer step) or another head, even at the same address, is quantized
@@ -423,12 +431,14 @@ def fp8_head(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return hit[2], hit[3]
     check_teacher_fp8(weight, weight.dtype)
     _fp8_heads.clear()  # before quantizing, so that two copies are never held at once
-    vocab = weight.shape[0]
-    w8 = torch.empty(weight.shape, dtype=FP8_DTYPE, device=weight.device)
-    scale = torch.empty(vocab, 1, dtype=torch.float32, device=weight.device)
+    vocab, d = weight.shape
+    padded = -(-vocab // 16) * 16
+    w8 = torch.zeros(padded, d, dtype=FP8_DTYPE, device=weight.device)
+    scale = torch.ones(padded, 1, dtype=torch.float32, device=weight.device)
     for s in range(0, vocab, _FP8_HEAD_BLOCK):
-        w8[s:s + _FP8_HEAD_BLOCK], scale[s:s + _FP8_HEAD_BLOCK] = quantize_rows_fp8(weight[s:s + _FP8_HEAD_BLOCK])
-    scale = scale.view(1, vocab)  # _scaled_mm takes the second operand's row scales as [1, V]
+        e = min(s + _FP8_HEAD_BLOCK, vocab)
+        w8[s:e], scale[s:e] = quantize_rows_fp8(weight[s:e])
+    scale = scale.view(1, padded)  # _scaled_mm takes the second operand's row scales as [1, V']
     if version is not None:
         _fp8_heads[key] = (weakref.ref(weight, lambda ref, k=key: _drop_fp8_head(ref, k)), version, w8, scale)
     return w8, scale
@@ -529,7 +539,7 @@ class ChunkLoop:
             return
         torch.mm(self.h_s[start:end], self.weight_t, out=z_s)
         if self.head8 is not None:  # FP8 teacher: the chunk's rows quantized here, the head once (cached)
-            fp8_teacher_logits(self.h_t[start:end], self.head8, z_t.dtype, out=z_t)
+            fp8_teacher_logits(self.h_t[start:end], self.head8, self.vocab, z_t.dtype, out=z_t)
         elif self.has_kl:
             torch.mm(self.h_t[start:end], self.weight_t, out=z_t)
 

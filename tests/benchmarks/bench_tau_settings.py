@@ -36,7 +36,10 @@ SETTINGS = {
     "ce-decay": ["--loss-weighting", "decay"],
     "kl-T1-w0.7-streak": ["--use-soft-labels", "--kl-temperature", "1", "--kl-weight", "0.7"],
     "kl-T2-w0.7-streak": ["--use-soft-labels", "--kl-temperature", "2", "--kl-weight", "0.7"],  # the incident's
+    # the same with the fused loss's FP8 teacher GEMM: does it cost tau? (a CUDA drafter only)
+    "kl-T2-w0.7-streak-fp8": ["--use-soft-labels", "--kl-temperature", "2", "--kl-weight", "0.7", "--teacher-fp8"],
 }
+GPU_ONLY = {"kl-T2-w0.7-streak-fp8"}
 FULL = dict(steps=250, seeds="0,1", num_prompts=32, max_new_tokens=64, jobs=8, threads=2, token_budget=2048,
             max_anchors=256)
 # on the shared 2-core machine at load 7-8: 718 s (30 steps, 8 prompts x 32 tokens took 1,060 s)
@@ -122,7 +125,8 @@ def main(argv=None):
                    f"{FULL['token_budget']}: 21 sequences of 96)")
     p.add_argument("--max-anchors", type=int, default=None, help=f"draft blocks per micro-batch (default {FULL['max_anchors']})")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated subset of " + ", ".join(SETTINGS))
+    p.add_argument("--settings", default=None, help="comma-separated subset of " + ", ".join(SETTINGS) +
+                   " (default: all that run on --device; " + ", ".join(sorted(GPU_ONLY)) + " only with --device cuda)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: every run on GPU 0")
     p.add_argument("--json", type=Path, default=None, help="also write every figure here")
     a = p.parse_args(argv)
@@ -135,10 +139,12 @@ def main(argv=None):
     a.token_budget = a.token_budget or base["token_budget"]
     a.max_anchors = a.max_anchors or base["max_anchors"]
     seeds = [int(s) for s in (a.seeds or base["seeds"]).split(",")]
-    names = a.settings.split(",")
+    names = a.settings.split(",") if a.settings else [n for n in SETTINGS if a.device == "cuda" or n not in GPU_ONLY]
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:
         p.error(f"unknown setting(s) {', '.join(unknown)}: choose from {', '.join(SETTINGS)}")
+    if a.device == "cpu" and GPU_ONLY & set(names):
+        p.error(f"{', '.join(sorted(GPU_ONLY & set(names)))} needs a CUDA drafter: add --device cuda")
     a.gpu = "0" if a.device == "cuda" else "cpu"
     if a.assets is None:
         a.assets = Path(subprocess.run(["bash", str(ROOT / "platform" / "tiny-assets.sh"), "0", "text"], check=True,

@@ -110,6 +110,26 @@ def test_fp8_teacher_matches_dequantized_oracle_and_not_a_wrong_scale(temperatur
 
 
 @needs_fp8
+def test_a_vocabulary_not_a_multiple_of_16_is_padded():
+    """A 1,000-row head (the byte-vocabulary tiny targets have 258): its FP8 copy has 1,008 rows, the
+    last 8 zero, and the loss still equals the dequantized oracle over the 1,000 real rows."""
+    inputs = _inputs(v=1000, seed=2)
+    h_s, h_t, weight, labels, row_weights = inputs
+    dl.clear_fp8_heads()
+    w8, w_scale = dl.fp8_head(weight)
+    assert w8.shape == (1008, D) and w_scale.shape == (1, 1008)
+    assert torch.all(w8[1000:].float() == 0)
+    loss, grad, ce, _ = fused(*inputs, teacher_fp8=True, **KW)
+    o_loss, o_grad, o_ce = oracle(*inputs, dequant(h_t), dequant(weight), **KW)
+    assert close(loss, o_loss, TOL["loss"]), (loss, o_loss)
+    assert grad_rel(grad, o_grad) < TOL["grad"]
+    assert (ce - o_ce).abs().max() < TOL["ce"]
+    z = dl.fp8_teacher_logits(h_t, (w8, w_scale), 1000, DTYPE)
+    assert z.shape == (N, 1000)
+    torch.testing.assert_close(z.float(), dequant(h_t) @ dequant(weight).t(), atol=TOL["ce"], rtol=TOL["loss"] * 10)
+
+
+@needs_fp8
 def test_fp8_teacher_against_default_path():
     inputs = _inputs(seed=1)
     loss, grad, ce, ok = fused(*inputs, teacher_fp8=True, **KW)
@@ -198,8 +218,9 @@ def test_fp8_off_paths():
 @pytest.mark.skipif(triton_fused_linear_distill_loss is None, reason="triton not importable")
 def test_fp8_early_errors(monkeypatch):
     h_s, h_t, weight, labels, row_weights = _inputs()
-    with pytest.raises(RuntimeError, match=r"multiples of 16.*teacher_fp8=False"):
-        triton_fused_linear_distill_loss(h_s, h_t, weight[:1000], labels % 1000, row_weights, teacher_fp8=True, **KW)
+    with pytest.raises(RuntimeError, match=r"hidden size 40 to be a multiple of 16.*teacher_fp8=False"):
+        triton_fused_linear_distill_loss(h_s[:, :40], h_t[:, :40], weight[:, :40], labels, row_weights,
+                                         teacher_fp8=True, **KW)
 
     def unsupported(*args, **kwargs):
         raise RuntimeError("Row-wise scaling is not supported on this device\nmore detail")

@@ -139,15 +139,15 @@ def test_negative_values_of_the_right_range_still_parse_and_help_states_ranges(t
         assert rule in helptext, rule
 
 
-def test_teacher_fp8_needs_a_head_of_multiples_of_16():
+def test_teacher_fp8_needs_a_hidden_size_of_a_multiple_of_16():
     from types import SimpleNamespace
 
     from flashfleet_trainer.config import ConfigError
     from flashfleet_trainer.preflight import preflight_teacher_fp8
 
     args = SimpleNamespace(teacher_fp8=True, use_soft_labels=True, kl_weight=0.7, loss_impl="auto")
-    with pytest.raises(ConfigError, match=r"the head is \[258, 64\], and FP8 GEMMs need both sizes to be multiples of 16"):
-        preflight_teacher_fp8(args, 258, 64, ["cuda:0"])  # the real-text tiny target's byte vocabulary
+    with pytest.raises(ConfigError, match=r"the head is \[258, 40\], and FP8 GEMMs need the hidden size 40 to be"):
+        preflight_teacher_fp8(args, 258, 40, ["cuda:0"])  # a byte vocabulary is padded, a hidden size cannot be
     assert preflight_teacher_fp8(SimpleNamespace(teacher_fp8=False), 258, 64, ["cpu"]) is None
 
 

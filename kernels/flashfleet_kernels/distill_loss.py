@@ -30,8 +30,8 @@ Why this shape of implementation (docs/kernels.md has the longer story):
   their GEMM may run in FP8 (``torch._scaled_mm``, float8_e4m3fn, one scale per row of ``h_t`` and
   per vocabulary row of W, written in the head's dtype into the same workspace): less energy at
   the GPU's power limit. W is quantized once and cached (:func:`fp8_head`: ``V x d`` bytes kept
-  beside the head, V padded to a multiple of 16); the student logits and the gradient GEMM are unchanged. What it costs in
-  numerics, and whether it is worth it, is in docs/benchmarks.md.
+  beside the head, V padded to a multiple of 16); the student logits and the gradient GEMM are
+  unchanged. What it costs in numerics, and whether it is worth it, is in docs/benchmarks.md.
 
 Gradient with respect to the student logits of row i (``q_T = softmax(z_s / T)``,
 ``p = softmax(z_t / T)``, ``q_1 = softmax(z_s)``, ``s_i = w_i' / sum w'``)::

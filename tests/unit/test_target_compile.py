@@ -1,25 +1,27 @@
 """The target's decoder layers compiled (`compile_decoder_layers`, the trainer's default on a CUDA
-target of full-attention layers): the same features as the eager forward, hooks and the early stop
-still working, cached (evaluation) forwards left eager; which targets are compiled by default.
+target): the same features as the eager forward, hooks and the early stop still working, cached
+(evaluation) forwards left eager, a hybrid stack's linear-attention layers compiled in parts; which
+targets are compiled by default.
 On CPU through dynamo's eager backend (exact); on a GPU through inductor (bf16 rounding)."""
-
-from types import SimpleNamespace
 
 import pytest
 import torch
 from flashfleet_trainer.model import (
     HiddenStateProducer,
+    _CompiledUnlessCached,
     compile_decoder_layers,
     compiled_by_default,
+    linear_attention_kernels,
     load_target_model,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 LAYER_IDS = [0, 2, 2]  # the tiny target has 4 layers; the deepest feature layer is 2
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("device", DEVICES)
 def test_compiled_layers_give_the_eager_features_and_cached_forwards_stay_eager(trainer_tiny, device):
     dtype, backend = (torch.float32, "eager") if device == "cpu" else (torch.bfloat16, "inductor")
     path = trainer_tiny / "model"
@@ -56,9 +58,32 @@ def test_compiled_layers_give_the_eager_features_and_cached_forwards_stay_eager(
     assert calls["eager"] == n_layers
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_hybrid_stack_compiles_its_full_attention_layers_whole_and_its_linear_ones_in_parts(device):
+    from flashfleet_trainer.tiny import make_hybrid_target
+
+    if device == "cpu" and linear_attention_kernels()["chunk_gated_delta_rule"] != "torch":
+        pytest.skip("flash-linear-attention is bound: its kernels take CUDA tensors only")
+    dtype, backend = (torch.float32, "eager") if device == "cpu" else (torch.bfloat16, "inductor")
+    model = make_hybrid_target(64, 128, 8, seed=3)[0].to(device, dtype).eval().requires_grad_(False)
+    ids = torch.randint(1, 63, (3, 48), generator=torch.Generator().manual_seed(5))
+    lengths = torch.tensor([48, 20, 37])
+    layer_ids = [1, 3, 6]  # linear, full, linear
+    ref = HiddenStateProducer(None, [device], layer_ids, device, replicas=[(device, model)]).forward_batch(ids, lengths)
+    assert compile_decoder_layers(model, backend=backend) == 8
+    for layer in model.get_decoder().layers:
+        linear = hasattr(layer, "linear_attn")
+        assert isinstance(layer.forward, _CompiledUnlessCached) != linear
+        parts = (layer.input_layernorm, layer.post_attention_layernorm, layer.mlp, layer.linear_attn.norm) if linear else ()
+        assert all(hasattr(m.forward, "_torchdynamo_orig_callable") for m in parts)
+    compiled = HiddenStateProducer(None, [device], layer_ids, device, replicas=[(device, model)])
+    for got, want in zip(compiled.forward_batch(ids, lengths), ref, strict=True):
+        if device == "cpu":
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+        else:  # bf16 through 8 layers: elementwise bounds flag a few near-zero features; bound the whole
+            assert (got.float() - want.float()).norm() <= 2e-2 * want.float().norm()
+
+
 def test_which_targets_are_compiled_by_default():
-    dense = SimpleNamespace(layer_types=["full_attention"] * 4)
-    hybrid = SimpleNamespace(text_config=SimpleNamespace(layer_types=["linear_attention"] * 3 + ["full_attention"]))
-    assert compiled_by_default("cuda:0", dense) and compiled_by_default("cuda", SimpleNamespace())
-    assert not compiled_by_default("cpu", dense)
-    assert not compiled_by_default("cuda:1", hybrid)  # flash-linear-attention's kernels stay eager
+    assert compiled_by_default("cuda:0") and compiled_by_default("cuda") and compiled_by_default(torch.device("cuda", 1))
+    assert not compiled_by_default("cpu")

@@ -122,10 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the block mask allows), dense (SDPA with the full boolean mask, the reference), or auto "
                         "(flex on a CUDA drafter, dense on CPU)")
     m.add_argument("--target-compile", choices=("auto", "off"), default="auto",
-                   help="auto: each decoder layer of a CUDA target of full-attention layers (Qwen3) compiled "
-                        "with torch.compile, which fuses the memory-bound ops around its GEMMs (compiled at the "
-                        "first micro-batch); hybrid (linear-attention) targets stay eager; off: transformers' "
-                        "eager forward everywhere")
+                   help="auto: each decoder layer of a CUDA target compiled with torch.compile, which fuses "
+                        "the memory-bound ops around its GEMMs (compiled at the first micro-batch; a hybrid "
+                        "stack's linear-attention layers in parts, around flash-linear-attention's kernels); "
+                        "off: transformers' eager forward everywhere")
     m.add_argument("--drafter-layer-types", default=None, metavar="LIST",
                    help="per draft layer full_attention|sliding_attention (or full|sliding, `sliding*4,full`); "
                         "default: all full for a Qwen3 target, sliding x (layers-1) then full for a Qwen3.5/3.6 "

@@ -783,21 +783,33 @@ def compile_decoder_layers(model, backend="inductor") -> int:
     """Compile each decoder layer's forward in place (the forward hooks stay outside the graph):
     inductor fuses the memory-bound work around the GEMMs (RMSNorm's fp32 round trip, RoPE, SwiGLU,
     residual adds), 1.29x target tokens/s at the Qwen3-8B shape on one H200 (docs/benchmarks.md).
-    Every layer of a stack shares one compiled graph per layer class. Returns the layers compiled."""
+    Every layer of a stack shares one compiled graph per layer class. A hybrid stack's
+    linear-attention layers are compiled in parts instead (`_compile_parts`): their token mixer
+    calls flash-linear-attention's Triton kernels, which compiling the whole layer around did not
+    finish in minutes. Returns the layers compiled, whole or in parts."""
     _raise_recompile_limit()  # length groups: a few batch/length specializations at most
     layers = model.get_decoder().layers
     for layer in layers:
-        if not isinstance(layer.forward, _CompiledUnlessCached):
+        if hasattr(layer, "linear_attn"):
+            _compile_parts(layer, backend)
+        elif not isinstance(layer.forward, _CompiledUnlessCached):
             layer.forward = _CompiledUnlessCached(layer.forward, backend)
     return len(layers)
 
 
-def compiled_by_default(device, cfg) -> bool:
+def _compile_parts(layer, backend) -> None:
+    """A linear-attention layer's norms (its gated output norm too) and MLP compiled in place: the
+    same fusions as a whole layer's, the token mixer between them eager. None of them takes a cache."""
+    for sub in (layer.input_layernorm, layer.post_attention_layernorm, layer.mlp, layer.linear_attn.norm):
+        if not hasattr(sub.forward, "_torchdynamo_orig_callable"):  # compiled already
+            sub.forward = torch.compile(sub.forward, dynamic=True, backend=backend)
+
+
+def compiled_by_default(device) -> bool:
     """Whether a target replica's layers are compiled (`compile_decoder_layers`) unless told not to:
-    on CUDA, for stacks of full-attention layers only. A hybrid stack's linear-attention layers call
-    flash-linear-attention's Triton kernels, and compiling around them was not shown to pay (its
-    first compile did not finish in three minutes on one H200), so it stays eager."""
-    return torch.device(device).type == "cuda" and not is_hybrid(text_config_of(cfg))
+    on CUDA (1.29x target tokens/s at the Qwen3-8B shape, 1.16x at the Qwen3.6-27B hybrid shape, on
+    one H200; docs/benchmarks.md), where inductor's kernels run; a CPU target stays eager."""
+    return torch.device(device).type == "cuda"
 
 
 class HiddenStateProducer:
@@ -826,7 +838,7 @@ class HiddenStateProducer:
                 on_status(f"target {i + 1}/{len(devices)} loaded")
         self.replicas = self.replicas or list(replicas)
         for dev, model in self.replicas:
-            if compile_layers and compiled_by_default(dev, model.config):
+            if compile_layers and compiled_by_default(dev):
                 compile_decoder_layers(model)
         model = self.replicas[0][1]
         self.config = model.config

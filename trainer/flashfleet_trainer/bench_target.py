@@ -58,7 +58,7 @@ def main(argv=None):
                    help="the attention backend torch tries first (default: torch's own order)")
     p.add_argument("--compile", choices=("none", "parts", "layers"), default="none",
                    help="torch.compile each decoder layer's forward (layers: `compile_decoder_layers`, the "
-                        "trainer's default for a CUDA target of full-attention layers), only the norms and MLPs "
+                        "trainer's default for a CUDA target), only the norms and MLPs "
                         "(parts), or nothing (none: transformers' eager forward)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)

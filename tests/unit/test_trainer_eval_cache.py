@@ -24,7 +24,8 @@ from transformers import AutoConfig
 BLOCK = 4
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# the cache goes by the name the installed transformers takes (`model.cache_kwarg`), never a deprecated one
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.filterwarnings("error::FutureWarning")]
 
 
 def _drafter(model_dir, layer_types=("full_attention", "full_attention"), window=None, seed=0):

@@ -766,6 +766,15 @@ def length_groups(lengths: list[int], slack: float = PADDING_SLACK) -> list[list
 CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")  # what transformers names a layer's KV cache, by version
 
 
+def cache_kwarg(module) -> str:
+    """The name `module.forward` takes its KV cache by: `cache` from transformers 5.24 (where
+    `past_key_values` still works until 5.40, with a warning), `past_key_values` before."""
+    import inspect
+
+    params = inspect.signature(module.forward).parameters
+    return next((k for k in CACHE_KWARGS if k in params), "past_key_values")
+
+
 class _CompiledUnlessCached:
     """A decoder layer's forward, compiled (dynamic shapes) for the training forwards, which carry
     no KV cache; the evaluator's cached forwards (`past_key_values`) keep the eager one, so a cache
@@ -872,7 +881,7 @@ class HiddenStateProducer:
         try:
             out = decoder(input_ids=input_ids.to(dev),
                           attention_mask=None if attention_mask is None else attention_mask.to(dev),
-                          past_key_values=past_key_values, use_cache=past_key_values is not None)
+                          use_cache=past_key_values is not None, **{cache_kwarg(decoder): past_key_values})
             last = out.last_hidden_state.to(self.out_device)
         except _FeaturesDone:
             pass

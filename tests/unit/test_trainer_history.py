@@ -3,6 +3,7 @@ carries its start's invocation, a resume supersedes what the dead start logged a
 checkpoint, the report marks the restart, and wandb (offline, the real package) keeps one run id."""
 
 import json
+import re
 
 import pytest
 from flashfleet.contract import layout, runstate
@@ -96,7 +97,8 @@ def test_wandb_offline_keeps_one_run_id_across_restarts(trainer_argv, tmp_path, 
     assert runstate.read(out / layout.RUN_STATE)[runstate.WANDB_ID] == first
     runs = sorted((out / layout.WANDB).glob("offline-run-*"))
     assert len(runs) == 2, runs  # one directory per start, both of the one W&B run
-    assert all(p.name.endswith("-" + first) for p in runs)
+    # named offline-run-<time>-<id>, with "-1" after it where both starts fell in the same second
+    assert all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(first)}(-\d+)?", p.name) for p in runs), runs
     assert all((p / f"run-{first}.wandb").is_file() for p in runs)
     # a new run directory of the same name is a new W&B run
     other = tmp_path / "elsewhere" / "run"

@@ -73,7 +73,8 @@ class WandbRun:
 
     run_id: the run's stable W&B id (run.json, contract.runstate), passed with resume="allow" so
     every restart continues the same W&B run (online; offline, each start writes its own
-    wandb/offline-run-*-<id>/ directory with that id, and `wandb sync` sends them to the one run)."""
+    wandb/offline-run-<time>-<id>[-n]/ directory with that id (wandb adds -n to a second start
+    within the same second), and `wandb sync` sends them to the one run)."""
 
     def __init__(self, project, run_name, settings: dict, config: dict, directory, run_id: str | None = None):
         self.run = None

@@ -87,3 +87,16 @@ def test_a_hybrid_stack_compiles_its_full_attention_layers_whole_and_its_linear_
 def test_which_targets_are_compiled_by_default():
     assert compiled_by_default("cuda:0") and compiled_by_default("cuda") and compiled_by_default(torch.device("cuda", 1))
     assert not compiled_by_default("cpu")
+
+
+def test_the_producer_says_the_first_micro_batch_compiles(trainer_tiny, monkeypatch):
+    import flashfleet_trainer.model as m
+
+    said = []
+    monkeypatch.setattr(m, "compiled_by_default", lambda device: True)  # as on CUDA
+    monkeypatch.setattr(m, "compile_decoder_layers", lambda model: model.config.num_hidden_layers)
+    m.HiddenStateProducer(trainer_tiny / "model", ["cpu"], LAYER_IDS, "cpu", on_status=said.append, compile_layers=True)
+    assert said[-1].startswith("target 1/1: 4 decoder layers compile in the first micro-batch"), said
+    said.clear()
+    m.HiddenStateProducer(trainer_tiny / "model", ["cpu"], LAYER_IDS, "cpu", on_status=said.append)
+    assert not any("compile" in s for s in said), said  # not asked (evaluation, --target-compile off)

@@ -846,9 +846,12 @@ class HiddenStateProducer:
             if on_status:
                 on_status(f"target {i + 1}/{len(devices)} loaded")
         self.replicas = self.replicas or list(replicas)
-        for dev, model in self.replicas:
+        for i, (dev, model) in enumerate(self.replicas):
             if compile_layers and compiled_by_default(dev):
-                compile_decoder_layers(model)
+                n = compile_decoder_layers(model)
+                if on_status:  # the compile itself happens inside the first forward: say why it is slow
+                    on_status(f"target {i + 1}/{len(self.replicas)}: {n} decoder layers compile in the first "
+                              "micro-batch (under a minute on one H200)")
         model = self.replicas[0][1]
         self.config = model.config
         # The drafter's frozen embedding and LM head, on the drafter's device, in its dtype.

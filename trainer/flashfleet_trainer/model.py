@@ -854,6 +854,7 @@ class HiddenStateProducer:
                               "micro-batch (under a minute on one H200)")
         model = self.replicas[0][1]
         self.config = model.config
+        self.cache_kw = cache_kwarg(model.get_decoder())  # once: forward runs every draft-verify cycle
         # The drafter's frozen embedding and LM head, on the drafter's device, in its dtype.
         self.embed_weight = model.get_input_embeddings().weight.detach().to(out_device)
         self.lm_head_weight = model.get_output_embeddings().weight.detach().to(out_device)
@@ -884,7 +885,7 @@ class HiddenStateProducer:
         try:
             out = decoder(input_ids=input_ids.to(dev),
                           attention_mask=None if attention_mask is None else attention_mask.to(dev),
-                          use_cache=past_key_values is not None, **{cache_kwarg(decoder): past_key_values})
+                          use_cache=past_key_values is not None, **{self.cache_kw: past_key_values})
             last = out.last_hidden_state.to(self.out_device)
         except _FeaturesDone:
             pass

@@ -204,6 +204,11 @@ def test_a_gpu_run_on_the_slow_linear_attention_path_is_refused(tmp_path, data_d
     plan = pf.preflight(parse_args(argv))
     line = next(s for s in plan.summary if s.startswith("linear attention"))
     assert "on GPU: delta rule flash-linear-attention (fla.ops.gated_delta_rule.chunk), short conv torch conv1d" in line
+    from flashfleet_trainer import short_conv  # where fla's convolution kernel imports, it is bound at load
+
+    monkeypatch.setattr(short_conv, "fla_kernel", lambda: object())
+    line = next(s for s in pf.preflight(parse_args(argv)).summary if s.startswith("linear attention"))
+    assert "short conv fla (fla.modules.causal_conv1d)" in line
     # and a CPU target cannot use fla's GPU-only kernels
     with pytest.raises(ConfigError, match="GPU only"):
         pf.preflight(parse_args(_argv(model, data_dir, tmp_path / "run")))

@@ -172,13 +172,16 @@ class Bench:
 REGIONS = ("drafter_forward", "loss", "optimizer")  # backward kernels run on autograd's thread, outside them
 KINDS = (  # (kind, substrings of the kernel name, lower case); first match wins
     ("optimizer (clip + AdamW)", ("adam", "multi_tensor_apply")),
-    ("attention", ("flex_attention", "fmha", "flash", "attention", "sdpa", "cudnn")),
+    ("linear attention (fla)", ("gated_delta", "chunk_", "fused_recurrent", "solve_tril", "wy_fast", "l2norm")),
+    ("attention", ("flex_attention", "fmha", "flash", "attention", "sdpa")),  # cuDNN's: "..._sdpa_..._fprop_..."
+    ("convolution", ("conv", "fprop", "dgrad", "wgrad")),
     ("GEMM", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "splitk", "sm90_", "sm80_", "s16816", "wgmma")),
 )
 
 
-def share_table(trace_path) -> str:
-    """GPU kernel time by region (record_function ranges on the GPU timeline) and kind (kernel name)."""
+def share_table(trace_path, regions=REGIONS, outside="backward") -> str:
+    """GPU kernel time by region (record_function ranges named in `regions` on the GPU timeline;
+    `outside` for kernels in none of them) and kind (kernel name)."""
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
     kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
@@ -186,7 +189,7 @@ def share_table(trace_path) -> str:
     total = sum(k["dur"] for k in kernels) or 1.0
     by, names = {}, {}
     for k in kernels:
-        region = next((n for s, t, n in spans if n in REGIONS and s <= k["ts"] < t), "backward")
+        region = next((n for s, t, n in spans if n in regions and s <= k["ts"] < t), outside)
         low = k["name"].lower()
         kind = next((kd for kd, subs in KINDS if any(x in low for x in subs)), "elementwise/other")
         if region == "loss":

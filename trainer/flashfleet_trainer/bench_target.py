@@ -26,6 +26,7 @@ from .model import (
     HiddenStateProducer,
     compile_decoder_layers,
     default_target_layers,
+    fast_kernels,
     linear_attention_kernels,
     text_config_of,
 )
@@ -56,10 +57,15 @@ def main(argv=None):
     p.add_argument("--padded", action="store_true", help="one forward padded to the longest (the old path)")
     p.add_argument("--sdpa", choices=("default", "cudnn", "flash"), default="default",
                    help="the attention backend torch tries first (default: torch's own order)")
+    p.add_argument("--short-conv", choices=("fla", "torch"), default="fla",
+                   help="a hybrid target's short convolution: flash-linear-attention's kernel where it "
+                        "imports (`short_conv.bind`, as the trainer loads a CUDA target) or transformers' torch path")
     p.add_argument("--compile", choices=("none", "parts", "layers"), default="none",
                    help="torch.compile each decoder layer's forward (layers: `compile_decoder_layers`, the "
                         "trainer's default for a CUDA target), only the norms and MLPs "
                         "(parts), or nothing (none: transformers' eager forward)")
+    p.add_argument("--profile", type=int, default=0, help="profile this many more forwards and print GPU time shares")
+    p.add_argument("--trace", default=None, help="where to write the profiler's chrome trace")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     a = p.parse_args(argv)
@@ -70,6 +76,8 @@ def main(argv=None):
     print(f"built {a.shape} ({text.num_hidden_layers} layers, "
           f"{sum(x.numel() for x in model.parameters()) / 1e9:.2f}B params) on {dev} in {time.perf_counter() - t0:.0f} s",
           flush=True)
+    if a.short_conv == "fla":
+        fast_kernels(model)
     if a.compile == "parts":
         compile_parts(model)
     elif a.compile == "layers":
@@ -99,7 +107,26 @@ def main(argv=None):
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None,
            "linear_attention": kernels, "target_layer_ids": layer_ids, "sdpa": a.sdpa, "compile": a.compile,
            "layers_run": max(layer_ids) + 1 if a.no_soft_labels else text.num_hidden_layers}
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)
+    if a.profile:
+        profile(step, a.profile, a.trace or "/tmp/bench_target_trace.json")
+
+
+def profile(step, n, path) -> None:
+    """GPU kernel time of n more forwards by kind (GEMM, attention, linear attention, convolution,
+    elementwise and copies), from torch.profiler; the chrome trace is kept at `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from .bench_drafter import share_table
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        for _ in range(n):
+            step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    print(share_table(path, regions=(), outside="forward"), flush=True)
 
 
 def compile_parts(model) -> None:

@@ -48,6 +48,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import short_conv
+
 
 def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
     """num_draft_layers ids spread evenly from 1 to L-3 (Qwen3 36 layers, 5 -> [1, 9, 17, 25, 33])."""
@@ -153,7 +155,7 @@ def load_target_model(model_dir, device, dtype):
     names = checkpoint_tensors(d)
     if not is_wrapped(names):
         model = AutoModelForCausalLM.from_pretrained(d, local_files_only=True, dtype=dtype, attn_implementation="sdpa")
-        return model.to(dev).eval().requires_grad_(False)
+        return fast_kernels(model.to(dev).eval().requires_grad_(False))
     from safetensors import safe_open
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -176,14 +178,23 @@ def load_target_model(model_dir, device, dtype):
     if missing:
         raise RuntimeError(f"{d}: the language model lacks {len(missing)} tensor(s) in the checkpoint, "
                            f"e.g. {missing[:3]}")
-    return model.to(dev).eval().requires_grad_(False)
+    return fast_kernels(model.to(dev).eval().requires_grad_(False))
+
+
+def fast_kernels(model):
+    """A CUDA hybrid target's short convolution through flash-linear-attention's kernel
+    (`short_conv.bind`, where transformers fell back to torch); the model itself is unchanged."""
+    if model.device.type == "cuda" and is_hybrid(text_config_of(model.config)):
+        short_conv.bind()
+    return model
 
 
 def linear_attention_kernels(text_cfg=None) -> dict:
-    """What transformers' hybrid modeling module bound at import time for each linear-attention
-    kernel: {kernel: implementation module, or "torch" for its reference fallback}. transformers
-    picks flash-linear-attention (`fla`) for the gated delta rule and `causal_conv1d` for the
-    short convolution when they import, else plain torch."""
+    """What transformers' hybrid modeling module has bound for each linear-attention kernel:
+    {kernel: implementation module, or "torch" for its reference fallback}. transformers picks
+    flash-linear-attention (`fla`) for the gated delta rule and `causal_conv1d` for the short
+    convolution when they import, else plain torch; `short_conv.bind` may since have put fla's
+    convolution kernel in torch's place."""
     import importlib
     import inspect
 
@@ -193,7 +204,8 @@ def linear_attention_kernels(text_cfg=None) -> dict:
     out = {}
     for kernel, attr in (("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
                          ("causal_conv1d_fn", "causal_conv1d_fn")):
-        fn, impl = getattr(mod, attr, None), None
+        fn = getattr(mod, attr, None)
+        impl = getattr(fn, short_conv.BOUND, None)  # flashfleet's binding (short_conv.bind)
         while fn is not None and impl is None:
             try:
                 cv = inspect.getclosurevars(fn).nonlocals

@@ -25,7 +25,7 @@ from flashfleet.contract import checkpoint as ckpt_contract
 from flashfleet.contract.layout import CHECKPOINTS
 
 from . import checkpoint as ckpt
-from . import wandb_compat
+from . import short_conv, wandb_compat
 from .config import ConfigError, parse_devices
 from .data import check_schema
 from .loss import get_loss_fn
@@ -191,7 +191,9 @@ def check_linear_attention(text_cfg, target_devices, allow_slow: bool) -> str:
     n_lin = sum(t == "linear_attention" for t in text_cfg.layer_types)
     where = "GPU" if gpu else "CPU"
     rule_s = f"flash-linear-attention ({rule})" if rule != "torch" else "torch reference (slow)"
-    conv_s = f"causal-conv1d ({conv})" if conv != "torch" else "torch conv1d"
+    if conv == "torch" and gpu and short_conv.fla_kernel() is not None:
+        conv = short_conv.KERNEL_MODULE  # bound as the target loads (model.fast_kernels)
+    conv_s = "torch conv1d" if conv == "torch" else f"{conv.split('.')[0]} ({conv})"
     return (f"linear attention ({n_lin} Gated-DeltaNet layers) on {where}: delta rule {rule_s}, short conv "
             f"{conv_s}" + (" (allowed by --allow-slow-linear-attention)" if gpu and rule == "torch" else ""))
 

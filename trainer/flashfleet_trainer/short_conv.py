@@ -1,0 +1,78 @@
+"""A hybrid target's short convolution (Gated DeltaNet's depthwise causal conv1d, then SiLU) through
+flash-linear-attention's Triton kernel.
+
+transformers binds `causal_conv1d_fn` in its Qwen3.5/3.6 modeling modules to the causal-conv1d
+package when that imports, else to torch's grouped conv1d. causal-conv1d is not in the CUDA lock
+(PyPI has only its source, which compiles CUDA at install), so the torch path ran: a transposed
+copy, a generic depthwise kernel, a SiLU pass; with the copies around it about 15% of the 27B
+target's GPU time on one H200 (docs/benchmarks.md, "The hybrid target's short convolution").
+flash-linear-attention, in the lock for the gated delta rule, has the same operation as one Triton
+kernel on the [B, T, C] layout the input projection already has.
+
+`bind()` puts that kernel where transformers looks the function up, only where transformers chose
+its torch fallback and fla's kernel imports; the bound function hands CPU tensors and any call it
+does not take to the fallback it replaced.
+"""
+
+import importlib
+from types import SimpleNamespace
+
+MODULES = ("transformers.models.qwen3_5.modeling_qwen3_5", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+KERNEL_MODULE = "fla.modules.causal_conv1d"
+BOUND = "bound_kernel"  # attribute of a bound function: the module of the kernel it runs
+
+
+def fla_kernel():
+    """flash-linear-attention's causal_conv1d, or None where it does not import."""
+    try:
+        return importlib.import_module(KERNEL_MODULE).causal_conv1d
+    except Exception:  # not installed, or its Triton backends fail to import: keep torch's path
+        return None
+
+
+def conv1d_silu(fallback, kernel, devices=("cuda",)):
+    """A function with transformers' `causal_conv1d_fn` signature (hidden_states [B, C, T], the
+    transpose of the projection's [B, T, C]; weight [C, W]) that runs `kernel` (fla's contract:
+    x [B, T, C] -> (y [B, T, C], state)) on tensors of `devices` and `fallback` otherwise."""
+
+    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+        if (hidden_states.device.type not in devices or activation not in (None, "silu", "swish")
+                or kwargs.get("seq_idx") is not None):
+            return fallback(hidden_states, weight, bias, activation=activation, **kwargs)
+        x = hidden_states.transpose(1, 2).contiguous()  # a view of the projection: no copy
+        y, _ = kernel(x, weight.to(x.dtype), bias, activation=activation, cu_seqlens=kwargs.get("cu_seqlens"))
+        return y.transpose(1, 2)
+
+    setattr(causal_conv1d_fn, BOUND, KERNEL_MODULE)
+    causal_conv1d_fn.fallback = fallback
+    return causal_conv1d_fn
+
+
+def bind() -> list[str]:
+    """Bind fla's kernel as `causal_conv1d_fn` in each hybrid modeling module that has torch's
+    fallback bound; idempotent. Returns the modules bound now or before (empty without fla)."""
+    from .model import linear_attention_kernels
+
+    kernel = fla_kernel()
+    if kernel is None:
+        return []
+    out = []
+    for name in MODULES:
+        mod = importlib.import_module(name)
+        current = mod.causal_conv1d_fn
+        if getattr(current, BOUND, None) is None:
+            kind = SimpleNamespace(model_type="qwen3_5_moe_text" if "moe" in name else "qwen3_5_text")
+            if linear_attention_kernels(kind)["causal_conv1d_fn"] != "torch":  # causal-conv1d is bound: keep it
+                continue
+            mod.causal_conv1d_fn = conv1d_silu(current, kernel)
+        out.append(name)
+    return out
+
+
+def unbind() -> None:
+    """Give each module back the function `bind` replaced."""
+    for name in MODULES:
+        mod = importlib.import_module(name)
+        fallback = getattr(mod.causal_conv1d_fn, "fallback", None)
+        if fallback is not None:
+            mod.causal_conv1d_fn = fallback

@@ -84,23 +84,26 @@ def test_bind_replaces_only_the_torch_fallback_and_unbind_restores_it(fake_fla, 
 
     before = modeling_qwen3_5.causal_conv1d_fn
     assert ff_model.linear_attention_kernels()["causal_conv1d_fn"] == "torch"
-    assert short_conv.bind() == list(short_conv.MODULES)
+    assert ff_model.torch_conv_modules() == list(short_conv.MODULES)
+    assert short_conv.bind(ff_model.torch_conv_modules()) == list(short_conv.MODULES)
     bound = modeling_qwen3_5.causal_conv1d_fn
     assert bound is not before and bound.fallback is before
     assert ff_model.linear_attention_kernels()["causal_conv1d_fn"] == short_conv.KERNEL_MODULE
-    assert short_conv.bind() == list(short_conv.MODULES) and modeling_qwen3_5.causal_conv1d_fn is bound  # idempotent
+    assert ff_model.torch_conv_modules() == []
+    short_conv.bind(list(short_conv.MODULES))
+    assert modeling_qwen3_5.causal_conv1d_fn is bound  # idempotent
     short_conv.unbind()
     assert modeling_qwen3_5.causal_conv1d_fn is before
     monkeypatch.setattr(ff_model, "linear_attention_kernels", lambda cfg=None: {"causal_conv1d_fn": "causal_conv1d"})
-    assert short_conv.bind() == [] and modeling_qwen3_5.causal_conv1d_fn is before  # causal-conv1d kept
+    assert ff_model.torch_conv_modules() == []  # transformers bound causal-conv1d: kept
     monkeypatch.setattr(short_conv, "fla_kernel", lambda: None)
-    assert short_conv.bind() == []
+    assert short_conv.bind(list(short_conv.MODULES)) == [] and modeling_qwen3_5.causal_conv1d_fn is before
 
 
 def test_a_cpu_target_keeps_the_torch_path(monkeypatch):
     from flashfleet_trainer.tiny import make_hybrid_target
 
-    monkeypatch.setattr(short_conv, "bind", lambda: pytest.fail("bound for a CPU target"))
+    monkeypatch.setattr(short_conv, "bind", lambda modules: pytest.fail("bound for a CPU target"))
     model = make_hybrid_target(64, 32, 4, seed=0)[0].eval()
     assert ff_model.fast_kernels(model) is model
 
@@ -116,8 +119,10 @@ def test_flas_kernel_matches_the_torch_path_alone_and_in_a_hybrid_target(device)
     weight = torch.randn(384, 4, device=device, generator=g, dtype=torch.bfloat16) * 0.5
     fn = short_conv.conv1d_silu(torch_fallback(), short_conv.fla_kernel())
     got = fn(projected.transpose(1, 2), weight, None, activation="silu").float()
-    want = torch_fallback()(projected.transpose(1, 2), weight, None, activation="silu").float()
-    assert (got - want).norm() <= 1e-2 * want.norm()
+    torch_bf16 = torch_fallback()(projected.transpose(1, 2), weight, None, activation="silu").float()
+    exact = torch_fallback()(projected.transpose(1, 2).float(), weight.float(), None, activation="silu")
+    err, torch_err = (got - exact).norm() / exact.norm(), (torch_bf16 - exact).norm() / exact.norm()
+    assert err <= 4e-3 and err <= 1.1 * torch_err  # bf16 output, no further from fp32 than torch's own path
 
     model = make_hybrid_target(64, 128, 8, seed=3)[0].to(device, torch.bfloat16).eval().requires_grad_(False)
     ids = torch.randint(1, 63, (3, 48), generator=torch.Generator().manual_seed(5))
@@ -131,5 +136,5 @@ def test_flas_kernel_matches_the_torch_path_alone_and_in_a_hybrid_target(device)
         out = producer.forward_batch(ids, lengths)
     finally:
         short_conv.unbind()
-    for got, want in zip(out, ref, strict=True):
-        assert (got.float() - want.float()).norm() <= 1e-2 * want.float().norm()
+    for got, want in zip(out, ref, strict=True):  # bf16 through 8 layers, as in test_target_compile
+        assert (got.float() - want.float()).norm() <= 2e-2 * want.float().norm()

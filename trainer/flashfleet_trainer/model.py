@@ -43,6 +43,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
@@ -185,8 +186,14 @@ def fast_kernels(model):
     """A CUDA hybrid target's short convolution through flash-linear-attention's kernel
     (`short_conv.bind`, where transformers fell back to torch); the model itself is unchanged."""
     if model.device.type == "cuda" and is_hybrid(text_config_of(model.config)):
-        short_conv.bind()
+        short_conv.bind(torch_conv_modules())
     return model
+
+
+def torch_conv_modules() -> list[str]:
+    """The hybrid modeling modules whose short convolution transformers left on its torch path."""
+    return [name for name, kind in short_conv.MODULES.items()
+            if linear_attention_kernels(SimpleNamespace(model_type=kind))["causal_conv1d_fn"] == "torch"]
 
 
 def linear_attention_kernels(text_cfg=None) -> dict:

@@ -9,15 +9,17 @@ target's GPU time on one H200 (docs/benchmarks.md, "The hybrid target's short co
 flash-linear-attention, in the lock for the gated delta rule, has the same operation as one Triton
 kernel on the [B, T, C] layout the input projection already has.
 
-`bind()` puts that kernel where transformers looks the function up, only where transformers chose
-its torch fallback and fla's kernel imports; the bound function hands CPU tensors and any call it
-does not take to the fallback it replaced.
+`bind()` puts that kernel where transformers looks the function up (`model.fast_kernels` binds it
+only where transformers chose its torch fallback, for a CUDA target); the bound function hands CPU
+tensors and any call it does not take to the fallback it replaced.
 """
 
 import importlib
-from types import SimpleNamespace
 
-MODULES = ("transformers.models.qwen3_5.modeling_qwen3_5", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+MODULES = {  # transformers' hybrid modeling modules: their text model_type
+    "transformers.models.qwen3_5.modeling_qwen3_5": "qwen3_5_text",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe": "qwen3_5_moe_text",
+}
 KERNEL_MODULE = "fla.modules.causal_conv1d"
 BOUND = "bound_kernel"  # attribute of a bound function: the module of the kernel it runs
 
@@ -48,25 +50,18 @@ def conv1d_silu(fallback, kernel, devices=("cuda",)):
     return causal_conv1d_fn
 
 
-def bind() -> list[str]:
-    """Bind fla's kernel as `causal_conv1d_fn` in each hybrid modeling module that has torch's
-    fallback bound; idempotent. Returns the modules bound now or before (empty without fla)."""
-    from .model import linear_attention_kernels
-
+def bind(modules) -> list[str]:
+    """Bind fla's kernel as `causal_conv1d_fn` in each of `modules` (names from MODULES whose
+    function transformers left on torch: `model.fast_kernels` asks which); idempotent. Returns the
+    modules bound (none without fla)."""
     kernel = fla_kernel()
     if kernel is None:
         return []
-    out = []
-    for name in MODULES:
+    for name in modules:
         mod = importlib.import_module(name)
-        current = mod.causal_conv1d_fn
-        if getattr(current, BOUND, None) is None:
-            kind = SimpleNamespace(model_type="qwen3_5_moe_text" if "moe" in name else "qwen3_5_text")
-            if linear_attention_kernels(kind)["causal_conv1d_fn"] != "torch":  # causal-conv1d is bound: keep it
-                continue
-            mod.causal_conv1d_fn = conv1d_silu(current, kernel)
-        out.append(name)
-    return out
+        if getattr(mod.causal_conv1d_fn, BOUND, None) is None:
+            mod.causal_conv1d_fn = conv1d_silu(mod.causal_conv1d_fn, kernel)
+    return list(modules)
 
 
 def unbind() -> None:

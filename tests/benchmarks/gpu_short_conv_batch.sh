@@ -7,25 +7,12 @@
 # as in gpu_target_compile_batch.sh.
 #
 #     OUT=/tmp/out bash tests/benchmarks/gpu_short_conv_batch.sh
-set -uo pipefail
-OUT=${OUT:?set OUT to a folder for the results}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:trainer:kernels:module_utils
-log=$OUT/short_conv.txt
-date -u | tee "$log"
-nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm --format=csv,noheader -lms 500 > "$OUT/clocks.csv" &
-smi=$!
+LOG_NAME=short_conv source tests/benchmarks/gpu_target_common.sh
 python3 tests/benchmarks/attn_backends.py --seqs 8 --seq-len 8192 2>>"$OUT/err.txt" | tee -a "$log"
 python3 -m pytest -q -p no:cacheprovider tests/unit/test_short_conv.py tests/unit/test_target_compile.py 2>&1 \
   | grep -E 'passed|failed|Error|assert' | tail -8 | tee -a "$log"
-run() {  # run ARGS...: one bench_target process
-  echo "== bench_target $* ($(date -u +%T))" | tee -a "$log"
-  python3 -m flashfleet_trainer.bench_target "$@" 2>>"$OUT/err.txt" | grep -vE '^(warm-up|step) |^    ' | tee -a "$log"
-}
 for conv in fla torch fla; do
   run --shape qwen3.6-27b --seqs 1 --seq-len 8192 --warmup 2 --steps 4 --compile layers --short-conv $conv
 done
 run --shape qwen3.6-27b --seqs 4 --seq-len 8192 --min-len 512 --warmup 2 --steps 3 --compile layers --profile 1
 echo "== done ($(date -u +%T))" | tee -a "$log"
-kill $smi

@@ -6,21 +6,8 @@
 # `short_conv`); a power/clock log beside them. Wheels as in gpu_target_compile_batch.sh.
 #
 #     OUT=/tmp/out bash tests/benchmarks/gpu_target_profile_batch.sh
-set -uo pipefail
-OUT=${OUT:?set OUT to a folder for the results}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:trainer:kernels:module_utils
-log=$OUT/profile.txt
-date -u | tee "$log"
-nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm --format=csv,noheader -lms 500 > "$OUT/clocks.csv" &
-smi=$!
-run() {  # run ARGS...: one bench_target process, profiled
-  echo "== bench_target $* ($(date -u +%T))" | tee -a "$log"
-  python3 -m flashfleet_trainer.bench_target "$@" 2>>"$OUT/err.txt" | grep -vE '^(warm-up|step) ' | tee -a "$log"
-}
+LOG_NAME=profile source tests/benchmarks/gpu_target_common.sh
 run --shape qwen3-8b --seqs 8 --seq-len 8192 --warmup 2 --steps 3 --compile layers --profile 1
 run --shape qwen3.6-27b --seqs 1 --seq-len 8192 --warmup 2 --steps 3 --compile layers --profile 1 \
   --short-conv "${SHORT_CONV:-fla}"
 echo "== done ($(date -u +%T))" | tee -a "$log"
-kill $smi

@@ -1,0 +1,18 @@
+# Sourced by the target benchmarks' GPU batches (gpu_target_profile_batch.sh, gpu_short_conv_batch.sh),
+# from the repository root: the CUDA lock's wheels installed from .whl (see gpu_target_compile_batch.sh
+# for the download), the import path, $log under $OUT, a power/clock log beside the runs, and
+# `run ARGS...`, one bench_target process whose output goes to $log (step lines left out).
+set -uo pipefail
+OUT=${OUT:?set OUT to a folder for the results}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:trainer:kernels:module_utils
+log=$OUT/${LOG_NAME:-target}.txt
+date -u | tee "$log"
+nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm --format=csv,noheader -lms 500 > "$OUT/clocks.csv" &
+smi=$!
+trap 'kill $smi 2>/dev/null' EXIT
+run() {
+  echo "== bench_target $* ($(date -u +%T))" | tee -a "$log"
+  python3 -m flashfleet_trainer.bench_target "$@" 2>>"$OUT/err.txt" | grep -vE '^(warm-up|step) ' | tee -a "$log"
+}

@@ -332,6 +332,7 @@ def normalised_scale(labels: torch.Tensor, row_weights: torch.Tensor, ignore_ind
 # FP8 teacher logits (teacher_fp8): h_t per chunk and W once, one float8_e4m3fn scale per row.
 FP8_DTYPE = getattr(torch, "float8_e4m3fn", None)  # None in a torch without float8 types
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+FP8_ALIGN = 16  # FP8 GEMMs (torch._scaled_mm) need every operand dimension a multiple of this
 _FP8_HEAD_BLOCK = 4096  # head rows quantized at a time: bounds the fp32 temporaries (80 MiB at d=5120)
 _fp8_support = {}  # (device, out dtype) -> None where the probe ran, else why it failed
 _fp8_heads = {}  # at most one quantized head: key -> (weak reference to the head, its _version, w8, scale)
@@ -385,8 +386,8 @@ def fp8_support_problem(device: torch.device, out_dtype: torch.dtype) -> str | N
 def fp8_head_problem(vocab: int, d: int, device: torch.device, out_dtype: torch.dtype) -> str | None:
     """None if the FP8 teacher GEMM can run for a ``[vocab, d]`` head on ``device``, else why not
     (the size first: it needs no device). The vocabulary may be any size (:func:`fp8_head` pads it)."""
-    if d % 16:
-        return (f"the head is [{vocab}, {d}], and FP8 GEMMs need the hidden size {d} to be a multiple of 16 "
+    if d % FP8_ALIGN:
+        return (f"the head is [{vocab}, {d}], and FP8 GEMMs need the hidden size {d} to be a multiple of {FP8_ALIGN} "
                 "(the vocabulary is padded, the hidden size cannot be)")
     return fp8_support_problem(device, out_dtype)
 
@@ -412,6 +413,11 @@ def _drop_fp8_head(ref, key):  # the head was freed: free its FP8 copy too (unle
         del _fp8_heads[key]
 
 
+def fp8_head_rows(vocab: int) -> int:
+    """Rows of the FP8 head for a vocabulary: rounded up to a multiple of FP8_ALIGN."""
+    return -(-vocab // FP8_ALIGN) * FP8_ALIGN
+
+
 def fp8_head(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The head for the FP8 teacher GEMM: ``(w8 [V', d] float8_e4m3fn, scale [1, V'] fp32)``, ``W ~= w8 * scale^T``
     for its first ``V`` rows; ``V'`` is ``V`` rounded up to a multiple of 16 (FP8 GEMMs need one), the
@@ -432,7 +438,7 @@ def fp8_head(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     check_teacher_fp8(weight, weight.dtype)
     _fp8_heads.clear()  # before quantizing, so that two copies are never held at once
     vocab, d = weight.shape
-    padded = -(-vocab // 16) * 16
+    padded = fp8_head_rows(vocab)
     w8 = torch.zeros(padded, d, dtype=FP8_DTYPE, device=weight.device)
     scale = torch.ones(padded, 1, dtype=torch.float32, device=weight.device)
     for s in range(0, vocab, _FP8_HEAD_BLOCK):

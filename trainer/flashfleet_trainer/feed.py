@@ -70,8 +70,7 @@ class InProcessFeed(Feed):
     and the producer itself (evaluation reuses it), so the target is loaded once."""
 
     def __init__(self, args, plan, device, log):
-        self.producer = HiddenStateProducer(args.target_model, plan.target_devices, plan.layer_ids, device,
-                                            on_status=log, compile_layers=args.target_compile != "off")
+        self.producer = HiddenStateProducer.for_training(args, plan.target_devices, plan.layer_ids, device, log)
         self.embed_weight, self.lm_head_weight = self.producer.embed_weight, self.producer.lm_head_weight
         self.devices = plan.target_devices + [device]
         self.want_last = args.use_soft_labels  # without soft labels the target stops at its deepest feature layer

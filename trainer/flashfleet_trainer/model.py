@@ -878,6 +878,13 @@ class HiddenStateProducer:
         self.embed_weight = model.get_input_embeddings().weight.detach().to(out_device)
         self.lm_head_weight = model.get_output_embeddings().weight.detach().to(out_device)
 
+    @classmethod
+    def for_training(cls, args, devices, layer_ids, out_device, on_status=None):
+        """A training feed's producer: dflash-train's --target-model, its layers compiled unless
+        --target-compile off."""
+        return cls(args.target_model, devices, layer_ids, out_device, on_status=on_status,
+                   compile_layers=args.target_compile != "off")
+
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, replica=None, past_key_values=None, want_last=True):
         """input_ids [S, T] -> (features [S, T, n*H], last normed hidden [S, T, H]) on out_device.

@@ -314,7 +314,7 @@ def preflight_teacher_fp8(args, vocab: int, hidden: int, drafter_devices) -> str
         raise ConfigError(f"--teacher-fp8 with {what}: the FP8 teacher GEMM is an option of the Triton kernel on CUDA",
                           "train the drafter on a GPU with --loss-impl auto or triton, or drop --teacher-fp8")
     try:
-        from flashfleet_kernels.distill_loss import fp8_head_problem
+        from flashfleet_kernels.distill_loss import fp8_head_problem, fp8_head_rows
     except ImportError as e:
         raise ConfigError(f"--teacher-fp8 but the fused loss is not importable ({e})",
                           "install the venv from its lock (triton is pinned there), or drop --teacher-fp8") from e
@@ -325,7 +325,7 @@ def preflight_teacher_fp8(args, vocab: int, hidden: int, drafter_devices) -> str
                               "drop --teacher-fp8 (where the GPU is the problem: train on GPUs with row-wise "
                               "scaled FP8 GEMMs, H100/H200 class)")
     return (f"loss: teacher logits in FP8 (row-wise scales); the head's FP8 copy takes "
-            f"{vocab * hidden / 2**30:.2f} GiB more on each drafter GPU")
+            f"{fp8_head_rows(vocab) * hidden / 2**30:.2f} GiB more on each drafter GPU")
 
 
 def check_wandb_credentials(project, settings: dict) -> str:

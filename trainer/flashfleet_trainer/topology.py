@@ -116,8 +116,7 @@ def target_worker(index, device, args, layer_ids, want_last, requests, replies, 
         _cpu_threads(n_procs)
     else:
         torch.cuda.set_device(device)
-    producer = HiddenStateProducer(args.target_model, [device], layer_ids, device,
-                                   compile_layers=args.target_compile != "off")
+    producer = HiddenStateProducer.for_training(args, [device], layer_ids, device)
     for q in replies:
         q.cancel_join_thread()  # replies nobody reads any more must not block this process's exit
     events.put(("loaded", index))

@@ -3,9 +3,10 @@ flash-linear-attention's Triton kernel.
 
 transformers binds `causal_conv1d_fn` in its Qwen3.5/3.6 modeling modules to the causal-conv1d
 package when that imports, else to torch's grouped conv1d. causal-conv1d is not in the CUDA lock
-(PyPI has only its source, which compiles CUDA at install), so the torch path ran: a transposed
-copy, a generic depthwise kernel, a SiLU pass; with the copies around it about 15% of the 27B
-target's GPU time on one H200 (docs/benchmarks.md, "The hybrid target's short convolution").
+(PyPI has only its source, which compiles CUDA at install), so the torch path ran: a strided copy
+of the transposed projection, a generic depthwise kernel (6.6% of the 27B target's GPU time on one
+H200, the copy most of another 8.7%), a SiLU pass (docs/benchmarks.md, "The hybrid target's short
+convolution").
 flash-linear-attention, in the lock for the gated delta rule, has the same operation as one Triton
 kernel on the [B, T, C] layout the input projection already has.
 
@@ -41,7 +42,7 @@ def conv1d_silu(fallback, kernel, devices=("cuda",)):
         if (hidden_states.device.type not in devices or activation not in (None, "silu", "swish")
                 or kwargs.get("seq_idx") is not None):
             return fallback(hidden_states, weight, bias, activation=activation, **kwargs)
-        x = hidden_states.transpose(1, 2).contiguous()  # a view of the projection: no copy
+        x = hidden_states.transpose(1, 2).contiguous()  # the projection's own [B, T, C]: no copy
         y, _ = kernel(x, weight.to(x.dtype), bias, activation=activation, cu_seqlens=kwargs.get("cu_seqlens"))
         return y.transpose(1, 2)
 

@@ -18,7 +18,7 @@ from flashfleet.contract import status as contract
 from flashfleet_trainer import model as model_mod
 from flashfleet_trainer.config import ConfigError, parse_args
 from flashfleet_trainer.launch import run
-from flashfleet_trainer.loadwatch import LoadWatch, shard_files, stall_seconds
+from flashfleet_trainer.loadwatch import LoadWatch, mapped_bytes, shard_files, stall_seconds
 from flashfleet_trainer.metrics import Status
 from flashfleet_trainer.notify import Notifier
 
@@ -62,6 +62,13 @@ def _touch(mm, start, end, pause, chunks, between=None):
         if between:
             between()
         time.sleep(pause)
+
+
+def _caught_up(watch, timeout=10.0):
+    """Wait until the watcher has sampled every byte read so far."""
+    deadline = time.monotonic() + timeout
+    while any(watch.read[p] < n for p, n in mapped_bytes(watch.sizes).items()) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def test_slow_load_of_the_tiny_target_extends_and_reports(trainer_argv, trainer_tiny, tmp_path, monkeypatch):
@@ -113,9 +120,10 @@ def test_a_stuck_load_gets_no_more_extensions(trainer_tiny, tmp_path, monkeypatc
     status = Status(tmp_path)
     try:
         with open(shard, "rb") as f, mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as mm:
-            with LoadWatch(trainer_tiny / "model", Notifier(), status, stall_s=0.5, tick_s=0.02):
+            with LoadWatch(trainer_tiny / "model", Notifier(), status, stall_s=0.5, tick_s=0.02) as watch:
                 half = len(mm) // 2 // PAGE * PAGE
                 _touch(mm, 0, half, 0.1, 3)
+                _caught_up(watch)  # a watcher thread late on a busy machine saw the last read after this
                 stuck = time.monotonic()
                 time.sleep(1.5)  # reads nothing: stuck
                 resumed = time.monotonic()

@@ -84,20 +84,20 @@ def test_bind_replaces_only_the_torch_fallback_and_unbind_restores_it(fake_fla, 
 
     before = modeling_qwen3_5.causal_conv1d_fn
     assert ff_model.linear_attention_kernels()["causal_conv1d_fn"] == "torch"
-    assert ff_model.torch_conv_modules() == list(short_conv.MODULES)
-    assert short_conv.bind(ff_model.torch_conv_modules()) == list(short_conv.MODULES)
+    assert ff_model.torch_conv_modules() == list(ff_model.HYBRID_MODELING.values())
+    assert short_conv.bind(ff_model.torch_conv_modules()) == list(ff_model.HYBRID_MODELING.values())
     bound = modeling_qwen3_5.causal_conv1d_fn
     assert bound is not before and bound.fallback is before
     assert ff_model.linear_attention_kernels()["causal_conv1d_fn"] == short_conv.KERNEL_MODULE
     assert ff_model.torch_conv_modules() == []
-    short_conv.bind(list(short_conv.MODULES))
+    short_conv.bind(list(ff_model.HYBRID_MODELING.values()))
     assert modeling_qwen3_5.causal_conv1d_fn is bound  # idempotent
     short_conv.unbind()
     assert modeling_qwen3_5.causal_conv1d_fn is before
     monkeypatch.setattr(ff_model, "linear_attention_kernels", lambda cfg=None: {"causal_conv1d_fn": "causal_conv1d"})
     assert ff_model.torch_conv_modules() == []  # transformers bound causal-conv1d: kept
     monkeypatch.setattr(short_conv, "fla_kernel", lambda: None)
-    assert short_conv.bind(list(short_conv.MODULES)) == [] and modeling_qwen3_5.causal_conv1d_fn is before
+    assert short_conv.bind(list(ff_model.HYBRID_MODELING.values())) == [] and modeling_qwen3_5.causal_conv1d_fn is before
 
 
 def test_a_cpu_target_keeps_the_torch_path(monkeypatch):

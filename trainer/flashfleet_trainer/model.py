@@ -78,7 +78,11 @@ def rope_theta_of(cfg) -> float:
 
 SUPPORTED_TARGETS = ("qwen3", "qwen3_5", "qwen3_5_moe")  # config.json model_type
 SUPPORTED_TEXT_TYPES = ("qwen3", "qwen3_5_text", "qwen3_5_moe_text")  # a composite config's text_config
-HYBRID_TEXT_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")  # Gated-DeltaNet + gated full attention
+HYBRID_MODELING = {  # hybrid text model_type (Gated-DeltaNet + gated full attention) -> transformers' module
+    "qwen3_5_text": "transformers.models.qwen3_5.modeling_qwen3_5",
+    "qwen3_5_moe_text": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+}
+HYBRID_TEXT_TYPES = tuple(HYBRID_MODELING)
 WRAPPED_PREFIX = "model.language_model."  # where a multimodal wrapper keeps the language model
 TEXT_PREFIXES = (WRAPPED_PREFIX, "lm_head.")  # the only tensors read from a wrapped checkpoint
 
@@ -192,7 +196,7 @@ def fast_kernels(model):
 
 def torch_conv_modules() -> list[str]:
     """The hybrid modeling modules whose short convolution transformers left on its torch path."""
-    return [name for name, kind in short_conv.MODULES.items()
+    return [name for kind, name in HYBRID_MODELING.items()
             if linear_attention_kernels(SimpleNamespace(model_type=kind))["causal_conv1d_fn"] == "torch"]
 
 
@@ -206,8 +210,7 @@ def linear_attention_kernels(text_cfg=None) -> dict:
     import inspect
 
     kind = getattr(text_cfg, "model_type", "qwen3_5_text") if text_cfg is not None else "qwen3_5_text"
-    mod = importlib.import_module("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe" if "moe" in kind
-                                  else "transformers.models.qwen3_5.modeling_qwen3_5")
+    mod = importlib.import_module(HYBRID_MODELING["qwen3_5_moe_text" if "moe" in kind else "qwen3_5_text"])
     out = {}
     for kernel, attr in (("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
                          ("causal_conv1d_fn", "causal_conv1d_fn")):

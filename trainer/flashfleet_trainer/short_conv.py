@@ -17,12 +17,9 @@ tensors and any call it does not take to the fallback it replaced.
 
 import importlib
 
-MODULES = {  # transformers' hybrid modeling modules: their text model_type
-    "transformers.models.qwen3_5.modeling_qwen3_5": "qwen3_5_text",
-    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe": "qwen3_5_moe_text",
-}
 KERNEL_MODULE = "fla.modules.causal_conv1d"
 BOUND = "bound_kernel"  # attribute of a bound function: the module of the kernel it runs
+_bound = set()  # the modules bind() changed, for unbind()
 
 
 def fla_kernel():
@@ -52,8 +49,8 @@ def conv1d_silu(fallback, kernel, devices=("cuda",)):
 
 
 def bind(modules) -> list[str]:
-    """Bind fla's kernel as `causal_conv1d_fn` in each of `modules` (names from MODULES whose
-    function transformers left on torch: `model.fast_kernels` asks which); idempotent. Returns the
+    """Bind fla's kernel as `causal_conv1d_fn` in each of `modules` (transformers' hybrid modeling
+    modules whose function it left on torch: `model.torch_conv_modules`); idempotent. Returns the
     modules bound (none without fla)."""
     kernel = fla_kernel()
     if kernel is None:
@@ -62,13 +59,13 @@ def bind(modules) -> list[str]:
         mod = importlib.import_module(name)
         if getattr(mod.causal_conv1d_fn, BOUND, None) is None:
             mod.causal_conv1d_fn = conv1d_silu(mod.causal_conv1d_fn, kernel)
+            _bound.add(name)
     return list(modules)
 
 
 def unbind() -> None:
-    """Give each module back the function `bind` replaced."""
-    for name in MODULES:
+    """Give each module `bind` changed back the function it replaced."""
+    for name in sorted(_bound):
         mod = importlib.import_module(name)
-        fallback = getattr(mod.causal_conv1d_fn, "fallback", None)
-        if fallback is not None:
-            mod.causal_conv1d_fn = fallback
+        mod.causal_conv1d_fn = mod.causal_conv1d_fn.fallback
+    _bound.clear()

@@ -246,3 +246,32 @@ def test_no_logits_pass_outside_the_loss(weighting):
     with CountHeadMatmuls():  # the counter does see the loss's own logits
         reference(hs, ht, w_head, y, torch.ones_like(y, dtype=torch.float32), kl_weight=0.5)
     assert CountHeadMatmuls.n == 2
+
+
+@pytest.mark.parametrize("weighting", ["streak", "decay"])
+def test_the_anchor_rows_never_reach_the_loss(weighting):
+    """Position 0 of each block (the anchor, label always IGNORE) is left out of the loss's rows, and
+    the loss, the statistics and the gradient are those of the whole blocks."""
+    hs, ht, w_head, y = _batch(seed=6)
+    n, b, h = hs.shape
+    seen = []
+    reference = _reference()
+
+    def loss_fn(student, teacher, head, labels, rw, **k):
+        seen.append((tuple(student.shape), tuple(teacher.shape), tuple(labels.shape), k["row_group"]))
+        return reference(student, teacher, head, labels, rw, **k)
+
+    kw = dict(weighting=weighting, use_soft_labels=True, kl_temperature=2.0, kl_weight=0.6)
+    x = hs.clone().requires_grad_()
+    loss, st = drafter_loss(x, ht, w_head, y, loss_fn=loss_fn, **kw)
+    assert seen == [((n, b - 1, h), (n, b - 1, h), (n, b - 1), b - 1)]
+    loss.backward()
+    ce = F.cross_entropy((hs.reshape(-1, h) @ w_head.T), y.reshape(-1).clamp_min(0), reduction="none")
+    wts = position_weights(weighting, y != IGNORE, (ce * (y.reshape(-1) != IGNORE)).view(n, b), gamma=None)
+    ref = hs.clone().requires_grad_()
+    _direct(ref.reshape(-1, h), ht.reshape(-1, h), w_head, y.reshape(-1), wts.reshape(-1), 2.0, 0.6).backward()
+    assert loss.item() == pytest.approx(_direct(hs.reshape(-1, h), ht.reshape(-1, h), w_head, y.reshape(-1),
+                                                wts.reshape(-1), 2.0, 0.6).item(), rel=1e-5)
+    assert torch.allclose(st["weights"], wts, atol=1e-6) and (st["weights"][:, 0] == 0).all()
+    assert torch.allclose(x.grad, ref.grad, atol=1e-5) and (x.grad[:, 0] == 0).all()
+    assert st["count"] == [float((y[:, k] != IGNORE).sum()) for k in range(1, b)]

@@ -120,29 +120,33 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
     """
     n, b = labels.shape
     valid = labels != IGNORE
+    # Position 0 is the anchor: given, never predicted, its label always IGNORE. Its rows stay out of
+    # the loss (1/b of the loss's logits GEMMs saved); weights and statistics keep the [n, b] layout.
+    pred = slice(1, None)
     if weighting == "streak":
         weights = torch.zeros(n, b, dtype=torch.float32, device=labels.device)
-        flat = weights.view(-1)
+        p = b - 1
 
-        def row_weights(ce, start, end):  # called by the loss with whole blocks of rows
-            w = position_weights("streak", valid[start // b:end // b], ce.view(-1, b), alpha=streak_alpha).reshape(-1)
-            flat[start:end] = w
-            return w
+        def row_weights(ce, start, end):  # called by the loss with whole blocks of predicted rows
+            ce = torch.cat([ce.new_zeros(ce.numel() // p, 1), ce.view(-1, p)], dim=1)
+            w = position_weights("streak", valid[start // p:end // p], ce, alpha=streak_alpha)[:, pred]
+            weights[start // p:end // p, pred] = w
+            return w.reshape(-1)
     else:
         weights = position_weights(weighting, valid, gamma=decay_gamma)
-        row_weights = weights
+        row_weights = weights[:, pred]
     kw = kl_weight if use_soft_labels else 0.0
-    loss, ce, correct = loss_fn(student_hidden, teacher_hidden if use_soft_labels else None, lm_head_weight, labels,
-                                row_weights, temperature=kl_temperature, kl_weight=kw, ignore_index=IGNORE,
-                                return_row_stats=True, row_group=b)
-    ce, correct = ce.view(n, b), correct.view(n, b)
+    loss, ce, correct = loss_fn(student_hidden[:, pred], teacher_hidden[:, pred] if use_soft_labels else None,
+                                lm_head_weight, labels[:, pred], row_weights, temperature=kl_temperature,
+                                kl_weight=kw, ignore_index=IGNORE, return_row_stats=True, row_group=b - 1)
+    ce, correct = ce.view(n, b - 1), correct.view(n, b - 1)
     wsum = weights.sum().clamp_min(1e-12)
-    ce_w = ((weights * ce).sum() / wsum).double()
+    ce_w = ((weights[:, pred] * ce).sum() / wsum).double()
     kl = None
     if kw > 0:
         kl = (loss.detach().double() - (1 - kw) * ce_w) / (kw * kl_temperature ** 2)
     stats = {"ce": ce_w, "kl": kl, "rows": valid.sum(), "weights": weights,
-             "correct": correct[:, 1:].sum(0), "count": valid[:, 1:].sum(0).float()}
+             "correct": correct.sum(0), "count": valid[:, pred].sum(0).float()}
     return loss, (stats_to_host(stats) if host_stats else stats)
 
 

@@ -3,7 +3,8 @@
 # card's power management; docs/benchmarks.md, "Activations in bf16"), from the repository root,
 # into $OUT: the CUDA tests named in $TESTS, then bench_drafter with a kernel-time profile at the
 # Qwen3-8B and the Qwen3.6-27B drafter shapes, one process each, alternating a copy of the old
-# trainer (build/before/trainer) and this one; the SM clock and power logged beside them.
+# trainer (build/before/trainer) and this one, $ROUNDS pairs at the 8B shape (2) and one at the 27B
+# shape unless NO_27B is set; the SM clock and power logged beside them.
 #
 #     git archive <base> trainer/flashfleet_trainer | tar -x -C build/before
 #     OUT=/tmp/out TESTS="tests/unit/test_trainer_loss.py" bash tests/benchmarks/gpu_drafter_ab_batch.sh
@@ -31,6 +32,6 @@ bench() {  # bench CODE ARGS...: one bench_drafter process of the before or afte
   PYTHONPATH=$pp python3 -m flashfleet_trainer.bench_drafter "$@" 2>>"$OUT/err.txt" | tee -a "$OUT/full.txt" \
     | grep -E '^\{|GPU kernel time|^\| [0-9.]+% \| [a-zA-Z(]+[^|]*\|$' | tee -a "$log"
 }
-for code in before after before after; do bench $code "${d8[@]}"; done
-for code in before after; do bench $code "${d27[@]}"; done
+for _ in $(seq "${ROUNDS:-2}"); do for code in before after; do bench $code "${d8[@]}"; done; done
+[ -z "${NO_27B:-}" ] && for code in before after; do bench $code "${d27[@]}"; done
 echo "== done ($(date -u +%T))" | tee -a "$log"

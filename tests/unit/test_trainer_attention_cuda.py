@@ -5,7 +5,8 @@ the trainer's precision (fp32 master weights, bf16 autocast). Needs CUDA; skippe
 
 Both bf16 paths are compared with an fp32 dense reference: flex must be as close to it as SDPA is
 (they differ only in rounding), and close to SDPA itself. Micro-batches whose shapes fall in the
-same bucket must not compile flex_attention again.
+same bucket must not compile flex_attention again. The compiled elementwise ops (RMSNorm, RoPE, SwiGLU)
+must be as close to the fp32 reference as the same ops run one by one.
 """
 
 import numpy as np
@@ -83,3 +84,24 @@ def test_flex_does_not_recompile_for_micro_batches_of_the_same_bucket():
         out, _ = _run(drafter, embed, feats, _blocks(tokens, seed), "flex")
         assert torch.isfinite(out).all()
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_compiled_elementwise_matches_op_by_op(monkeypatch):
+    """RMSNorm, RoPE and SwiGLU compiled (`model._fused`, the default on CUDA) against the same ops
+    run one by one: as close to the fp32 reference, forward and gradients."""
+    import flashfleet_trainer.model as m
+
+    drafter, embed, feats, tokens = _setup()
+    blocks = _blocks(tokens, 6)
+    ref_out, ref_grads = _run(drafter, embed.float(), feats, blocks, "flex", autocast=False)
+    fused_out, fused_grads = _run(drafter, embed, feats, blocks, "flex")
+    assert m.swiglu in m._COMPILED and m.rms_norm in m._COMPILED  # the compiled path ran
+    monkeypatch.setattr(m, "FUSE_ELEMENTWISE", False)
+    eager_out, eager_grads = _run(drafter, embed, feats, blocks, "flex")
+    e_fused, e_eager = _rel(fused_out, ref_out), _rel(eager_out, ref_out)
+    print(f"forward rel. error vs fp32: compiled {e_fused:.2e}, op by op {e_eager:.2e}")
+    assert e_fused <= 1.5 * e_eager + 2e-3 and _rel(fused_out, eager_out) < 2e-2
+    for name, ref in ref_grads.items():
+        g_fused, g_eager = _rel(fused_grads[name], ref), _rel(eager_grads[name], ref)
+        assert g_fused <= 1.5 * g_eager + 5e-3, (name, g_fused, g_eager)
+        assert _rel(fused_grads[name], eager_grads[name]) < 5e-2, name

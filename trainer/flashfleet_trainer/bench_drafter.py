@@ -227,7 +227,7 @@ def main(argv=None):
     p.add_argument("--teacher-fp8", action="store_true", help="the loss's teacher logits from an FP8 GEMM")
     p.add_argument("--weighting", choices=("streak", "decay", "uniform"), default="streak",
                    help="position weights (streak: computed inside the loss from its own CE)")
-    p.add_argument("--eager-elementwise", action="store_true", help="RMSNorm and RoPE op by op (not compiled)")
+    p.add_argument("--eager-elementwise", action="store_true", help="RMSNorm, RoPE and SwiGLU op by op (not compiled)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=1, help="time --steps this many times (median and spread)")

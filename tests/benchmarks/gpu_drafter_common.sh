@@ -1,0 +1,30 @@
+# Sourced by the drafter's before/after GPU batches (gpu_drafter_ab_batch.sh, gpu_bf16_batch.sh), from
+# the repository root: $OUT, $log under it (named by $LOG_NAME), the import paths of this trainer
+# ($now) and of a copy of an older one ($before: build/before/trainer, from `git archive <base>
+# trainer/flashfleet_trainer | tar -x -C build/before`), the card and a power/clock log beside the
+# runs, `tests PATHS...` (the CUDA tests of this trainer, summary lines to $log) and `bench CODE
+# ARGS...` (one bench_drafter process of the before or after trainer: its JSON line and time shares
+# to $log, everything it printed to $OUT/full.txt).
+set -uo pipefail
+OUT=${OUT:?set OUT to a folder for the results}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+now=trainer:kernels:module_utils
+before=build/before/trainer:kernels:module_utils
+log=$OUT/${LOG_NAME:-drafter}.txt
+date -u | tee "$log"
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee -a "$log"
+nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm --format=csv,noheader -lms 500 > "$OUT/clocks.csv" &
+smi=$!
+trap 'kill $smi 2>/dev/null' EXIT
+tests() {
+  PYTHONPATH=$now python3 -m pytest -q -s -p no:cacheprovider "$@" 2>&1 \
+    | grep -E "passed|failed|FAILED|Error|rel\. error" | tail -30 | tee -a "$log"
+}
+bench() {
+  local code=$1; shift
+  local pp=$now; [ "$code" = before ] && pp=$before
+  echo "== $code: bench_drafter $* ($(date -u +%T))" | tee -a "$log"
+  PYTHONPATH=$pp python3 -m flashfleet_trainer.bench_drafter "$@" 2>>"$OUT/err.txt" | tee -a "$OUT/full.txt" \
+    | grep -E '^\{|GPU kernel time|^\| [0-9.]+% \| [a-zA-Z(]+[^|]*\|$' | tee -a "$log"
+}

@@ -119,6 +119,9 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
     rows stay 0-d/1-d tensors on the device and acc is absent (`stats_to_host` makes the rest).
     """
     n, b = labels.shape
+    if b < 2:
+        raise ValueError(f"blocks of {b} position(s) predict nothing: a block is the anchor plus at least one "
+                         "predicted token (block size >= 2)")
     valid = labels != IGNORE
     # Position 0 is the anchor: given, never predicted, its label always IGNORE. Its rows stay out of
     # the loss (1/b of the loss's logits GEMMs saved); weights and statistics keep the [n, b] layout.

@@ -90,13 +90,32 @@ def test_which_targets_are_compiled_by_default():
 
 
 def test_the_producer_says_the_first_micro_batch_compiles(trainer_tiny, monkeypatch):
+    """In one process the producer's status says so; a target worker process tells its main process."""
     import flashfleet_trainer.model as m
 
     said = []
     monkeypatch.setattr(m, "compiled_by_default", lambda device: True)  # as on CUDA
     monkeypatch.setattr(m, "compile_decoder_layers", lambda model: model.config.num_hidden_layers)
-    m.HiddenStateProducer(trainer_tiny / "model", ["cpu"], LAYER_IDS, "cpu", on_status=said.append, compile_layers=True)
-    assert said[-1].startswith("target 1/1: 4 decoder layers compile in the first micro-batch"), said
+    p = m.HiddenStateProducer(trainer_tiny / "model", ["cpu"], LAYER_IDS, "cpu", on_status=said.append,
+                              compile_layers=True)
+    assert said[-1] == "target 1/1: " + m.compile_note(4) and p.compiled_layers == 4, said
+    assert m.compile_note(4).startswith("4 decoder layers compile in the first micro-batch")
     said.clear()
-    m.HiddenStateProducer(trainer_tiny / "model", ["cpu"], LAYER_IDS, "cpu", on_status=said.append)
-    assert not any("compile" in s for s in said), said  # not asked (evaluation, --target-compile off)
+    p = m.HiddenStateProducer(trainer_tiny / "model", ["cpu"], LAYER_IDS, "cpu", on_status=said.append)
+    assert not any("compile" in s for s in said) and p.compiled_layers == 0, said  # not asked (evaluation, off)
+
+
+def test_a_target_worker_tells_the_main_process_that_its_first_micro_batch_compiles(monkeypatch):
+    import queue
+    from types import SimpleNamespace
+
+    import flashfleet_trainer.model as m
+    from flashfleet_trainer.topology import load_target
+
+    for layers, want in ((64, [("loaded", 3), ("status", "target worker 3: " + m.compile_note(64))]),
+                         (0, [("loaded", 3)])):  # eager (a CPU target, --target-compile off): no note
+        monkeypatch.setattr(m.HiddenStateProducer, "for_training",
+                            classmethod(lambda cls, *a, n=layers, **k: SimpleNamespace(compiled_layers=n)))
+        events = queue.Queue()
+        assert load_target(3, "cuda:3", None, [1, 2], events).compiled_layers == layers
+        assert [events.get_nowait() for _ in range(events.qsize())] == want

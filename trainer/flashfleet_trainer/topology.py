@@ -105,21 +105,30 @@ class QueueNotifier(Notifier):
 
 # ---- target worker ---------------------------------------------------------------------------
 
+def load_target(index, device, args, layer_ids, events):
+    """A target worker's producer, loaded; the main process is told, and, when the layers compile in
+    the first micro-batch, why that one will be slow (its status line)."""
+    from .model import HiddenStateProducer, compile_note
+
+    producer = HiddenStateProducer.for_training(args, [device], layer_ids, device)
+    events.put(("loaded", index))
+    if producer.compiled_layers:
+        events.put(("status", f"target worker {index}: {compile_note(producer.compiled_layers)}"))
+    return producer
+
+
 def target_worker(index, device, args, layer_ids, want_last, requests, replies, events, n_procs):
     """Serve hidden states for requests (drafter, key, ids, lengths) until a None arrives."""
     _die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # leave when told, after the drafters saved
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from .model import HiddenStateProducer
-
     if device == "cpu":
         _cpu_threads(n_procs)
     else:
         torch.cuda.set_device(device)
-    producer = HiddenStateProducer.for_training(args, [device], layer_ids, device)
+    producer = load_target(index, device, args, layer_ids, events)
     for q in replies:
         q.cancel_join_thread()  # replies nobody reads any more must not block this process's exit
-    events.put(("loaded", index))
     while True:
         req = requests.get()
         if req is None:

@@ -11,6 +11,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 now=trainer:kernels:module_utils
 before=build/before/trainer:kernels:module_utils
+[ -d build/before/trainer/flashfleet_trainer ] || { echo "no build/before/trainer/flashfleet_trainer: make it with git archive (see above)" >&2; exit 1; }
 log=$OUT/${LOG_NAME:-drafter}.txt
 date -u | tee "$log"
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee -a "$log"

@@ -13,12 +13,14 @@ nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | t
 free_gib=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
 Q=/tmp/ff/q27; [ "$free_gib" -gt 70 ] && Q=/dev/shm/ff/q27
 echo "checkpoint under $Q (/dev/shm: ${free_gib} GiB free)" | tee -a "$log"
-python3 -m flashfleet_trainer.shapes $Q --shape qwen3.6-27b --seqs 96 --seq-len 8192 2>&1 | tail -2 | tee -a "$log"
-du -sh $Q/model | tee -a "$log"
+python3 -m flashfleet_trainer.shapes "$Q" --shape qwen3.6-27b --seqs 96 --seq-len 8192 2>&1 | tail -2 | tee -a "$log" \
+  || { echo "shapes failed" | tee -a "$log"; exit 1; }
+du -sh "$Q/model" | tee -a "$log"
 echo "written at $((SECONDS - start)) s" | tee -a "$log"
-python3 tests/benchmarks/bench_prep.py -- --target-model $Q/model --data-dir $Q/data --block-size 16 \
+python3 tests/benchmarks/bench_prep.py -- --target-model "$Q/model" --data-dir "$Q/data" --block-size 16 \
   --num-draft-layers 5 --use-soft-labels --loss-impl triton --token-budget 65536 --max-seq-len 8192 \
   --max-anchors 512 --eval-num-prompts 0 --save-interval 100000 --resume never --keep-checkpoints 1 \
   --target-gpus 0 --drafter-gpus 0 --max-steps 8 --output-dir /tmp/ff/run 2>"$OUT/run.err" | tee -a "$log"
 grep -E 'Error|error' "$OUT/run.err" | tail -5 | tee -a "$log"
+rm -rf "$Q"  # 51 GiB, in memory when under /dev/shm
 echo "== done at $((SECONDS - start)) s" | tee -a "$log"

@@ -2,6 +2,8 @@
 interpreter when there is no GPU: the kernel and the one torch reference give the same loss, gradient,
 streak weights (computed chunk by chunk from the kernel's own CE) and statistics."""
 
+import functools
+
 import pytest
 import torch
 from flashfleet_kernels import triton_fused_linear_distill_loss
@@ -12,8 +14,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @needs_triton
+@pytest.mark.parametrize("chunk_blocks", [None, 1])  # 1: a chunk per block, so later chunks start past row 0
 @pytest.mark.parametrize("weighting", ["streak", "decay"])
-def test_triton_route_matches_the_reference(weighting):
+def test_triton_route_matches_the_reference(weighting, chunk_blocks):
     g = torch.Generator().manual_seed(7)
     n, b, h, v = 6, 4, 16, 300
     hs, ht = torch.randn(n, b, h, generator=g), torch.randn(n, b, h, generator=g)
@@ -27,6 +30,8 @@ def test_triton_route_matches_the_reference(weighting):
     for impl in ("triton", "torch"):
         fn, name = get_loss_fn(impl)
         assert name == impl
+        if impl == "triton" and chunk_blocks:  # the loss's rows are a block's predicted positions
+            fn = functools.partial(fn, chunk_size=chunk_blocks * (b - 1))
         x = hs.clone().requires_grad_()
         loss, st = drafter_loss(x, ht, w_head, y, loss_fn=fn, **kw)
         loss.backward()

@@ -275,5 +275,7 @@ def test_the_anchor_rows_never_reach_the_loss(weighting):
     assert torch.allclose(st["weights"], wts, atol=1e-6) and (st["weights"][:, 0] == 0).all()
     assert torch.allclose(x.grad, ref.grad, atol=1e-5) and (x.grad[:, 0] == 0).all()
     assert st["count"] == [float((y[:, k] != IGNORE).sum()) for k in range(1, b)]
+    ce_only, _ = drafter_loss(hs, None, w_head, y, loss_fn=reference, weighting=weighting, use_soft_labels=True)
+    assert torch.isfinite(ce_only)  # soft labels asked for with KL weight 0: no teacher needed
     with pytest.raises(ValueError, match="block size >= 2"):
         drafter_loss(hs[:, :1], ht[:, :1], w_head, y[:, :1], loss_fn=loss_fn, **kw)

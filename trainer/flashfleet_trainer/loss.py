@@ -15,7 +15,8 @@ between them through the kernels package's dispatcher; this module has no loss o
 Streak weights and per-position accuracy need per-row CE and argmax, and the streak weights are
 needed *before* the loss is weighted. The loss computes both anyway, so they come from it
 (`return_row_stats=True`), and the streak weights are given as a function of the rows' CE that
-the loss calls chunk by chunk (whole blocks per chunk, `row_group`=block size), before it writes
+the loss calls chunk by chunk (whole blocks per chunk, `row_group`=block size - 1: the anchor's row
+never reaches the loss), before it writes
 the weighted gradient: no second logits pass. The logged KL is recovered from the loss value and
 the weighted CE by algebra instead of a second teacher pass. The statistics stay on the device
 (`host_stats=False`) until the trainer reads them once per optimizer step.
@@ -139,7 +140,7 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
         weights = position_weights(weighting, valid, gamma=decay_gamma)
         row_weights = weights[:, pred]
     kw = kl_weight if use_soft_labels else 0.0
-    loss, ce, correct = loss_fn(student_hidden[:, pred], teacher_hidden[:, pred] if use_soft_labels else None,
+    loss, ce, correct = loss_fn(student_hidden[:, pred], teacher_hidden[:, pred] if kw > 0 else None,
                                 lm_head_weight, labels[:, pred], row_weights, temperature=kl_temperature,
                                 kl_weight=kw, ignore_index=IGNORE, return_row_stats=True, row_group=b - 1)
     ce, correct = ce.view(n, b - 1), correct.view(n, b - 1)

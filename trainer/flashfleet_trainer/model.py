@@ -455,7 +455,7 @@ class DraftAttention(nn.Module):
 
 def swiglu(gate, up):
     """The MLP's gated activation; compiled (`_fused`) it is one kernel forward and one backward
-    instead of three and four, and its backward recomputes silu(gate) instead of keeping it."""
+    instead of two and three, and its backward recomputes silu(gate) instead of keeping it."""
     return F.silu(gate) * up
 
 
@@ -853,7 +853,7 @@ def compiled_by_default(device) -> bool:
 def compile_note(layers: int) -> str:
     """The status line of a compiled target replica: the compile happens inside the first forward,
     so say why that micro-batch is slow (first target forwards measured on one H200)."""
-    return (f"{layers} decoder layers compile in the first micro-batch (about 20 s at the Qwen3-8B shape; "
+    return (f"{layers} decoder layers compile in the first micro-batch (under 20 s at the Qwen3-8B shape; "
             "about 85 s at the Qwen3.6-27B shape, whose linear-attention kernels also autotune)")
 
 

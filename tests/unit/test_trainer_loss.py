@@ -269,9 +269,9 @@ def test_the_anchor_rows_never_reach_the_loss(weighting):
     ce = F.cross_entropy((hs.reshape(-1, h) @ w_head.T), y.reshape(-1).clamp_min(0), reduction="none")
     wts = position_weights(weighting, y != IGNORE, (ce * (y.reshape(-1) != IGNORE)).view(n, b), gamma=None)
     ref = hs.clone().requires_grad_()
-    _direct(ref.reshape(-1, h), ht.reshape(-1, h), w_head, y.reshape(-1), wts.reshape(-1), 2.0, 0.6).backward()
-    assert loss.item() == pytest.approx(_direct(hs.reshape(-1, h), ht.reshape(-1, h), w_head, y.reshape(-1),
-                                                wts.reshape(-1), 2.0, 0.6).item(), rel=1e-5)
+    want = _direct(ref.reshape(-1, h), ht.reshape(-1, h), w_head, y.reshape(-1), wts.reshape(-1), 2.0, 0.6)
+    want.backward()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
     assert torch.allclose(st["weights"], wts, atol=1e-6) and (st["weights"][:, 0] == 0).all()
     assert torch.allclose(x.grad, ref.grad, atol=1e-5) and (x.grad[:, 0] == 0).all()
     assert st["count"] == [float((y[:, k] != IGNORE).sum()) for k in range(1, b)]

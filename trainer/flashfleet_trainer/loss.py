@@ -16,8 +16,7 @@ Streak weights and per-position accuracy need per-row CE and argmax, and the str
 needed *before* the loss is weighted. The loss computes both anyway, so they come from it
 (`return_row_stats=True`), and the streak weights are given as a function of the rows' CE that
 the loss calls chunk by chunk (whole blocks per chunk, `row_group`=block size - 1: the anchor's row
-never reaches the loss), before it writes
-the weighted gradient: no second logits pass. The logged KL is recovered from the loss value and
+never reaches the loss), before it writes the weighted gradient: no second logits pass. The logged KL is recovered from the loss value and
 the weighted CE by algebra instead of a second teacher pass. The statistics stay on the device
 (`host_stats=False`) until the trainer reads them once per optimizer step.
 """
@@ -126,10 +125,9 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
     valid = labels != IGNORE
     # Position 0 is the anchor: given, never predicted, its label always IGNORE. Its rows stay out of
     # the loss (1/b of the loss's logits GEMMs saved); weights and statistics keep the [n, b] layout.
-    pred = slice(1, None)
+    pred, p = slice(1, None), b - 1  # the predicted positions, and how many a block has
     if weighting == "streak":
         weights = torch.zeros(n, b, dtype=torch.float32, device=labels.device)
-        p = b - 1
 
         def row_weights(ce, start, end):  # called by the loss with whole blocks of predicted rows
             ce = torch.cat([ce.new_zeros(ce.numel() // p, 1), ce.view(-1, p)], dim=1)
@@ -142,8 +140,8 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
     kw = kl_weight if use_soft_labels else 0.0
     loss, ce, correct = loss_fn(student_hidden[:, pred], teacher_hidden[:, pred] if kw > 0 else None,
                                 lm_head_weight, labels[:, pred], row_weights, temperature=kl_temperature,
-                                kl_weight=kw, ignore_index=IGNORE, return_row_stats=True, row_group=b - 1)
-    ce, correct = ce.view(n, b - 1), correct.view(n, b - 1)
+                                kl_weight=kw, ignore_index=IGNORE, return_row_stats=True, row_group=p)
+    ce, correct = ce.view(n, p), correct.view(n, p)
     wsum = weights.sum().clamp_min(1e-12)
     ce_w = ((weights[:, pred] * ce).sum() / wsum).double()
     kl = None

@@ -67,7 +67,7 @@ def _touch(mm, start, end, pause, chunks, between=None):
 def _caught_up(watch, timeout=10.0):
     """Wait until the watcher has sampled every byte read so far."""
     deadline = time.monotonic() + timeout
-    while any(watch.read[p] < n for p, n in mapped_bytes(watch.sizes).items()) and time.monotonic() < deadline:
+    while any(watch.read[p] < n for p, n in mapped_bytes(watch.sizes, watch.before).items()) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -135,6 +135,25 @@ def test_a_stuck_load_gets_no_more_extensions(trainer_tiny, tmp_path, monkeypatc
     assert not [t for t in times if stuck + 0.3 < t < resumed], "no extension while nothing is read"
     assert len([t for t in times if t > resumed]) >= 2, "extended again once it moved (and at the end)"
     assert json.loads((tmp_path / layout.STATUS).read_text())[contract.LOAD]["done"]
+
+
+def test_a_mapping_read_before_the_load_is_not_its_progress(trainer_tiny, tmp_path):
+    """A mapping of the shard left from an earlier load (a model not yet freed) is resident in full;
+    the load that starts now has read nothing of it."""
+    (shard,) = shard_files(trainer_tiny / "model")
+    size = shard.stat().st_size
+    with open(shard, "rb") as f, mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as old:
+        _touch(old, 0, len(old), 0, 1)
+        held = mapped_bytes([shard])[str(shard)]
+        assert held >= size - 2 * PAGE  # resident in full, as the watcher sees it
+        with LoadWatch(trainer_tiny / "model", Notifier(), Status(tmp_path), stall_s=5, tick_s=0.02) as watch:
+            time.sleep(0.1)
+            assert watch.record()["bytes_loaded"] == 0 and watch.record()["shards_loaded"] == 0
+            with open(shard, "rb") as g, mmap.mmap(g.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as new:
+                new[0]  # noqa: B018 - the load's first page (and the folio around it)
+                _caught_up(watch)
+                gained = mapped_bytes([shard])[str(shard)] - held  # the new mapping's pages only
+                assert 0 < watch.record()["bytes_loaded"] == gained, (watch.record(), gained)
 
 
 def test_stall_override_is_checked(monkeypatch):

@@ -3,13 +3,13 @@ while (and only while) the load makes progress.
 
 Progress is measured, not assumed: safetensors maps each shard file into the process and the
 loader touches its pages as it copies the tensors out, so the resident size of the mappings of
-the target's shard files (/proc/self/smaps) is how much of each shard has been read, whatever
-does the reading (transformers' loader, its thread pool, our lazy slices). A watcher thread looks
-every `tick_s`; each time more has been read it sends EXTEND_TIMEOUT_USEC=<stall_s> and writes
-`load` into status.json (contract.status.LOAD_KEYS). A load that reads nothing for `stall_s`
-gets no more extensions, so systemd fails the start (a stuck load still fails). When the load
-returns, every shard counts as read, and one last extension covers the way to READY (data, the
-first step). A checkpoint without safetensors shows no byte progress: it gets the first and the
+the target's shard files (/proc/self/smaps), less what they held when the load started, is how
+much of each shard has been read, whatever does the reading (transformers' loader, its thread
+pool, our lazy slices). A watcher thread looks every `tick_s`; each time more has been read it
+sends EXTEND_TIMEOUT_USEC=<stall_s> and writes `load` into status.json (contract.status.LOAD_KEYS).
+A load that reads nothing for `stall_s` gets no more extensions, so systemd fails the start (a
+stuck load still fails). When the load returns, every shard counts as read, and one last
+extension covers the way to READY (data, the first step). A checkpoint without safetensors shows no byte progress: it gets the first and the
 last extension only, and otherwise TimeoutStartSec.
 """
 
@@ -49,19 +49,30 @@ def shard_files(model_dir) -> list[Path]:
     return sorted(Path(model_dir, f).resolve() for f in files)
 
 
-def mapped_bytes(paths) -> dict[str, int]:
-    """{path: resident bytes of this process's mappings of it} from /proc/self/smaps ({} elsewhere)."""
+def mappings(paths) -> dict[tuple[str, str], int]:
+    """{(path, address range): resident bytes} for each of this process's mappings of those files,
+    from /proc/self/smaps ({} elsewhere)."""
     want, out, current = {str(p) for p in paths}, {}, None
     try:
         with open("/proc/self/smaps") as f:
             for line in f:
                 head = line.split(None, 5)
                 if head and "-" in head[0] and ":" not in head[0]:  # a mapping's first line
-                    current = head[5].strip() if len(head) == 6 and head[5].strip() in want else None
+                    current = (head[5].strip(), head[0]) if len(head) == 6 and head[5].strip() in want else None
                 elif current is not None and head and head[0] == "Rss:":
-                    out[current] = out.get(current, 0) + int(head[1]) * 1024
+                    out[current] = int(head[1]) * 1024
     except OSError:
         return {}
+    return out
+
+
+def mapped_bytes(paths, since=None) -> dict[str, int]:
+    """{path: resident bytes of this process's mappings of it}; with `since` (an earlier `mappings`),
+    only what each mapping gained since then."""
+    since = since or {}
+    out = {}
+    for key, n in mappings(paths).items():
+        out[key[0]] = out.get(key[0], 0) + max(0, n - since.get(key, 0))
     return out
 
 
@@ -75,6 +86,9 @@ class LoadWatch:
         self.files = shard_files(model_dir)
         self.sizes = {str(p): p.stat().st_size for p in self.files}
         self.read = dict.fromkeys(self.sizes, 0)  # the most of each shard seen resident
+        # What the shards' mappings held when the load started (a model of an earlier load not yet
+        # freed): read before this load, so only what they gain since counts.
+        self.before: dict = {}
         self.t0 = self.last_progress = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="load-watch", daemon=True)
@@ -95,7 +109,7 @@ class LoadWatch:
     def sample(self) -> bool:
         """Look once; True if more of the shards has been read since the last look."""
         more = False
-        for path, n in mapped_bytes(self.sizes).items():
+        for path, n in mapped_bytes(self.sizes, self.before).items():
             if n > self.read[path]:
                 self.read[path], more = n, True
         return more
@@ -111,6 +125,7 @@ class LoadWatch:
 
     def __enter__(self) -> "LoadWatch":
         self.t0 = self.last_progress = time.monotonic()
+        self.before = mappings(self.sizes)
         self.notifier.extend_timeout(self.stall_s)
         self.status.update(phase="loading", **{contract.LOAD: self.record()})
         self._thread.start()

@@ -9,8 +9,8 @@ pool, our lazy slices). A watcher thread looks every `tick_s`; each time more ha
 sends EXTEND_TIMEOUT_USEC=<stall_s> and writes `load` into status.json (contract.status.LOAD_KEYS).
 A load that reads nothing for `stall_s` gets no more extensions, so systemd fails the start (a
 stuck load still fails). When the load returns, every shard counts as read, and one last
-extension covers the way to READY (data, the first step). A checkpoint without safetensors shows no byte progress: it gets the first and the
-last extension only, and otherwise TimeoutStartSec.
+extension covers the way to READY (data, the first step). A checkpoint without safetensors shows
+no byte progress: it gets the first and the last extension only, and otherwise TimeoutStartSec.
 """
 
 import os

@@ -29,6 +29,7 @@ import torch
 from .data import build_blocks, sample_anchors
 from .loss import drafter_loss, get_loss_fn
 from .model import DFlashDrafter, DrafterConfig, default_target_layers, drafter_hidden, resolve_attn_impl
+from .optim import adamw, clipped_step
 from .shapes import SHAPES
 
 
@@ -51,9 +52,8 @@ class Bench:
                                              block_size=a.block_size, mask_token_id=a.vocab - 1)
         torch.manual_seed(0)
         self.drafter = DFlashDrafter(self.cfg).to(self.dev)
-        fused = {"auto": self.dev == "cuda", "on": True, "off": False}[a.fused_adamw]
-        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=1e-4, weight_decay=0.01, betas=(0.9, 0.95),
-                                     eps=1e-8, fused=fused or None)
+        self.opt = adamw(self.drafter.parameters(), 1e-4, 0.01, self.dev,
+                         fused={"auto": None, "on": True, "off": False}[a.fused_adamw])
         dt = torch.bfloat16 if self.dev == "cuda" else torch.float32
         h, n = self.cfg.hidden_size, len(layers)
         g = torch.Generator(device=self.dev).manual_seed(0)
@@ -103,8 +103,7 @@ class Bench:
         self.sync()  # for the drafter's time alone; the trainer does not wait here
         t1 = time.perf_counter()
         with region("optimizer"):
-            gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0)
-            self.opt.step()
+            gnorm = clipped_step(self.opt, 1.0)
             self.opt.zero_grad(set_to_none=True)
         # the statistics, read once after the optimizer as the trainer does
         torch.cat([loss.detach().double().reshape(1), st["ce"].reshape(1), st["kl"].reshape(1),

@@ -51,6 +51,7 @@ from .model import (
     resolve_attn_impl,
 )
 from .notify import Notifier
+from .optim import adamw, clipped_step
 from .preflight import Plan
 from .sampling import Sampling
 
@@ -255,9 +256,7 @@ class Trainer:
         self.total_steps = a.max_steps if a.max_steps else by_epochs
         torch.manual_seed(a.seed)  # the same initial drafter on every rank and in every topology
         self.drafter = DFlashDrafter(self.dcfg).to(self.dev)  # fp32 master weights
-        # fused: one kernel for the whole update on CUDA (the same AdamW); the CPU keeps foreach
-        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=a.lr, weight_decay=a.weight_decay,
-                                     betas=(0.9, 0.95), eps=1e-8, fused=self.dev.startswith("cuda") or None)
+        self.opt = adamw(self.drafter.parameters(), a.lr, a.weight_decay, self.dev)
         self.attn_impl = resolve_attn_impl(getattr(a, "attn_impl", "auto"), self.dev)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, a.warmup_ratio))
         self.loss_fn, self.loss_impl = get_loss_fn(a.loss_impl, teacher_fp8=a.teacher_fp8)
@@ -468,10 +467,8 @@ class Trainer:
             reduce_span.stop()
         else:
             vec = dev_sums
-        gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(),
-                                               a.grad_clip if a.grad_clip > 0 else float("inf"))
         lr = self.sched.get_last_lr()[0]
-        self.opt.step()
+        gnorm = clipped_step(self.opt, a.grad_clip if a.grad_clip > 0 else float("inf"))
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
@@ -611,8 +608,9 @@ class Trainer:
         while self.step < self.total_steps and not self.stop_requested:
             rec = self.train_step()
             # The step's one host read brought the loss and grad norm (all-reduced: every rank sees
-            # the same numbers and stops together). A non-finite one has already gone into the
-            # weights: stop before anything saves them; the newest checkpoint stays the last good one.
+            # the same numbers and stops together). A non-finite one stops the run before anything
+            # saves: the fused AdamW skipped that update (optim.clipped_step), the CPU's went into the
+            # weights; either way the newest checkpoint stays the last good one.
             for what, v in (("loss", rec["loss"]), ("grad norm", rec["grad_norm"])):
                 if rec["rows"] and not math.isfinite(v):
                     raise NonFiniteLoss(self.step, v, what)

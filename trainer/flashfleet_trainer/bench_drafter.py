@@ -17,6 +17,7 @@ worker thread while step n runs on the GPU, so that time leaves the critical pat
 """
 
 import argparse
+import bisect
 import json
 import statistics
 import time
@@ -166,6 +167,7 @@ class Bench:
         path = self.a.trace or "/tmp/bench_drafter_trace.json"
         prof.export_chrome_trace(path)
         print(share_table(path), flush=True)
+        print(idle_table(path, steps=n), flush=True)
 
 
 REGIONS = ("drafter_forward", "loss", "optimizer")  # backward kernels run on autograd's thread, outside them
@@ -208,6 +210,57 @@ def share_table(trace_path, regions=REGIONS, outside="backward") -> str:
     lines += [f"| {100 * us / total:.1f}% | {kind} |" for kind, us in sorted(kinds.items(), key=lambda x: -x[1])]
     lines += ["", "top kernels:"]
     lines += [f"  {100 * us / total:5.1f}%  {name}" for name, us in sorted(names.items(), key=lambda x: -x[1])[:25]]
+    return "\n".join(lines)
+
+
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")  # the host waits
+
+
+def idle_table(trace_path, steps: int = 1, top: int = 12) -> str:
+    """Where the GPU waited between the first kernel and the last of the profiled steps: each gap
+    before a kernel is put on the host op that launched that kernel (the innermost one around its
+    launch) and the region it ran in, and marked `after a sync` when a wait of the host for the GPU
+    ended in the gap (then the gap is the host's way from that wait to the next launch)."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"])
+    if not kernels:
+        return "no GPU kernels in the trace"
+    runtime = [e for e in events if e.get("cat") == "cuda_runtime" and "dur" in e]
+    launch = {e["args"]["correlation"]: e for e in runtime if "correlation" in e.get("args", {})}
+    syncs = sorted(e["ts"] + e["dur"] for e in runtime if e["name"] in SYNCS)  # when each wait ended
+    ops = {}  # thread -> its ops by start time
+    for e in sorted((e for e in events if e.get("cat") == "cpu_op" and "dur" in e), key=lambda e: e["ts"]):
+        ops.setdefault(e.get("tid"), []).append(e)
+    starts = {tid: [e["ts"] for e in v] for tid, v in ops.items()}
+    regions = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "gpu_user_annotation"]
+
+    def host_op(t, tid):  # the latest-starting op of that thread still running at t: the innermost
+        mine, at = ops.get(tid, []), bisect.bisect_right(starts.get(tid, []), t)
+        for i in range(at - 1, max(-1, at - 500), -1):  # innermost ops start just before: a short walk back
+            if mine[i]["ts"] + mine[i]["dur"] >= t:
+                return mine[i]["name"]
+        return "(no op)"
+
+    by, idle, end = {}, 0.0, kernels[0]["ts"]
+    for k in kernels:
+        gap = k["ts"] - end
+        if gap > 0:
+            idle += gap
+            src = launch.get(k.get("args", {}).get("correlation"))
+            op = host_op(src["ts"], src.get("tid")) if src else "(launch not traced)"
+            waited = bisect.bisect_left(syncs, k["ts"]) > bisect.bisect_left(syncs, end)  # one ended in the gap
+            region = next((n for s, t, n in regions if s <= k["ts"] < t), "outside regions")
+            key = (region, op + (" after a sync" if waited else ""))
+            n, us = by.get(key, (0, 0.0))
+            by[key] = (n + 1, us + gap)
+        end = max(end, k["ts"] + k["dur"])
+    span = end - kernels[0]["ts"]
+    lines = [f"GPU idle {idle / 1e3 / steps:.1f} ms a step of {span / 1e3 / steps:.1f} ms "
+             f"({100 * idle / span:.1f}%), from the first kernel to the last of {steps} step(s)",
+             "| idle a step | gaps | region | host op that launched the next kernel |", "|---:|---:|---|---|"]
+    for (region, op), (n, us) in sorted(by.items(), key=lambda x: -x[1][1])[:top]:
+        lines.append(f"| {us / 1e3 / steps:.2f} ms | {n} | {region} | {op[:80]} |")
     return "\n".join(lines)
 
 

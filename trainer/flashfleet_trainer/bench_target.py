@@ -117,7 +117,7 @@ def profile(step, n, path) -> None:
     elementwise and copies), from torch.profiler; the chrome trace is kept at `path`."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .bench_drafter import share_table
+    from .bench_drafter import idle_table, share_table
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=acts) as prof:
@@ -127,6 +127,7 @@ def profile(step, n, path) -> None:
             torch.cuda.synchronize()
     prof.export_chrome_trace(path)
     print(share_table(path, regions=(), outside="forward"), flush=True)
+    print(idle_table(path, steps=n), flush=True)
 
 
 def compile_parts(model) -> None:

@@ -1,4 +1,4 @@
-"""bench_drafter --prefetch: each step gets the anchors and blocks it would have built itself.
+"""bench_drafter --prefetch: each step gets the micro-batch (anchors, blocks, layouts) it would have built itself.
 
 The prefetch builds step n+1's host work on a worker thread while step n runs; the bench's numbers
 are comparable with and without it only if the steps see the same micro-batches. The GPU step is
@@ -15,11 +15,12 @@ from flashfleet_trainer.bench_drafter import Bench
 
 def _bench(prefetch):
     b = Bench.__new__(Bench)  # no drafter, no GPU tensors: only what the host work reads
-    b.a = SimpleNamespace(prefetch=prefetch, anchors=12, block_size=4)
+    b.a = SimpleNamespace(prefetch=prefetch, anchors=12, block_size=4, seq_len=70)
+    b.dev, b.attn_impl = "cpu", "flex"
     rng = np.random.default_rng(0)
     b.tokens = [rng.integers(0, 90, size=n) for n in (50, 70)]
     b.masks = [np.ones(len(t), dtype=np.int64) for t in b.tokens]
-    b.cfg = SimpleNamespace(mask_token_id=99)
+    b.cfg = SimpleNamespace(mask_token_id=99, layer_types=["sliding_attention", "full_attention"], sliding_window=8)
     return b
 
 
@@ -30,16 +31,20 @@ def test_steps_get_their_own_micro_batches(prefetch):
 
     def step(i, region=None, prepared=None):
         assert (prepared is not None) == prefetch
-        gen, blocks = prepared.result() if prepared is not None else b.prepare(i)
-        seen.append((i, gen.initial_seed(), blocks))
-        return blocks.input_ids.numel(), 0.0, 0.0, 0.0
+        p = prepared.result() if prepared is not None else b.prepare(i)
+        seen.append((i, p.gen.initial_seed(), p))
+        return p.blocks.input_ids.numel(), 0.0, 0.0, 0.0
 
     b.step = step
     res = b.steps(5, 4)
     assert [i for i, _, _ in seen] == [5, 6, 7, 8] and len(res) == 4
-    for i, seed, blocks in seen:
-        _, want = _bench(False).prepare(i)
+    for i, seed, p in seen:
+        want = _bench(False).prepare(i)
         assert seed == 1000 + i
-        assert torch.equal(blocks.input_ids, want.input_ids) and torch.equal(blocks.anchor, want.anchor)
+        assert torch.equal(p.blocks.input_ids, want.blocks.input_ids) and torch.equal(p.blocks.anchor, want.blocks.anchor)
+        # what the trainer prepares too: a layout per layer type of these blocks, the teacher's positions
+        assert set(p.layouts) == {"sliding_attention", "full_attention"}
+        assert all(torch.equal(p.layouts[t]["lo"], want.layouts[t]["lo"]) for t in p.layouts)
+        assert torch.equal(p.tpos, want.tpos) and int(p.tpos.max()) <= b.a.seq_len - 1
     # different steps draw different anchors (the prefetch does not hand one step's batch to the next)
-    assert not torch.equal(seen[0][2].anchor, seen[1][2].anchor)
+    assert not torch.equal(seen[0][2].blocks.anchor, seen[1][2].blocks.anchor)

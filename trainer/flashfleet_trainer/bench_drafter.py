@@ -11,9 +11,10 @@ peak memory, and how many graphs torch.compile built (the flex path should build
 bucket, not one per step). `--profile N` adds a table of GPU time by kind over N more steps.
 
 `--repeats R` times the steps R times in one process and prints the median and spread of the rows/s
-over the repeats, with the host time each step spends preparing its anchors and blocks before the
-GPU gets work (`prep_ms`, median and max). `--prefetch` prepares step n+1's anchors and blocks on a
-worker thread while step n runs on the GPU, so that time leaves the critical path.
+over the repeats, with the host time each step spends preparing its micro-batch before the GPU gets
+work (`prep_ms`, median and max: anchors, blocks, flex layouts, as `Trainer.prepare` builds them).
+`--prefetch` prepares step n+1's on a worker thread while step n runs on the GPU, as the trainer
+does, so that time leaves the critical path (the profiled steps too).
 """
 
 import argparse
@@ -29,9 +30,17 @@ import torch
 
 from .data import build_blocks, sample_anchors
 from .loss import drafter_loss, get_loss_fn
-from .model import DFlashDrafter, DrafterConfig, default_target_layers, drafter_hidden, resolve_attn_impl
+from .model import (
+    DFlashDrafter,
+    DrafterConfig,
+    default_target_layers,
+    drafter_hidden,
+    flex_layouts,
+    resolve_attn_impl,
+)
 from .optim import adamw, clipped_step
 from .shapes import SHAPES
+from .trainer import Prepared
 
 
 def compiled_graphs() -> int:
@@ -72,11 +81,16 @@ class Bench:
         if self.dev == "cuda":
             torch.cuda.synchronize()
 
-    def prepare(self, i):
-        """Step i's host work: its anchors and blocks (and the generator the forward goes on with)."""
+    def prepare(self, i) -> Prepared:
+        """Step i's host work, as Trainer.prepare does it: anchors, blocks, the flex layouts and the
+        teacher's positions, pinned on CUDA (and the generator the forward goes on with)."""
         gen = torch.Generator().manual_seed(1000 + i)
         anchors = sample_anchors(self.masks, self.a.anchors, gen)
-        return gen, build_blocks(self.tokens, self.masks, anchors, self.a.block_size, self.cfg.mask_token_id)
+        blocks = build_blocks(self.tokens, self.masks, anchors, self.a.block_size, self.cfg.mask_token_id)
+        p = Prepared(i, gen, blocks, tpos=torch.minimum(blocks.teacher_pos, torch.tensor(self.a.seq_len - 1)))
+        if self.attn_impl == "flex":
+            p.layouts = flex_layouts(self.cfg, blocks)
+        return p.pin() if self.dev == "cuda" else p
 
     def step(self, i, region=None, prepared=None):
         """One micro-batch + optimizer step; returns (rows, drafter seconds, step seconds, prep seconds).
@@ -86,16 +100,16 @@ class Bench:
         region = region or (lambda name: torch.autograd.profiler.record_function(name))
         self.sync()
         t0 = time.perf_counter()
-        gen, blocks = prepared.result() if prepared is not None else self.prepare(i)
+        p = prepared.result() if prepared is not None else self.prepare(i)
+        blocks = p.blocks
         t_prep = time.perf_counter() - t0
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dev == "cuda"):
             with region("drafter_forward"):
-                student = drafter_hidden(self.drafter, self.embed, self.feats, blocks, 0.0, gen,
-                                         attn_impl=self.attn_impl)
+                student = drafter_hidden(self.drafter, self.embed, self.feats, blocks, 0.0, p.gen,
+                                         attn_impl=self.attn_impl, layouts=p.layouts)
             with region("loss"):
-                tpos = torch.minimum(blocks.teacher_pos, torch.tensor(a.seq_len - 1))
                 nb = dict(non_blocking=True)
-                teacher = self.last[blocks.seq.to(self.dev, **nb)[:, None], tpos.to(self.dev, **nb)]
+                teacher = self.last[blocks.seq.to(self.dev, **nb)[:, None], p.tpos.to(self.dev, **nb)]
                 loss, st = drafter_loss(student, teacher, self.head, blocks.labels.to(self.dev, **nb),
                                         loss_fn=self.loss_fn, weighting=a.weighting, use_soft_labels=True,
                                         kl_temperature=1.0, kl_weight=0.5, host_stats=False)
@@ -111,9 +125,9 @@ class Bench:
                    st["correct"].double(), st["count"].double(), gnorm.double().reshape(1)]).tolist()
         return blocks.input_ids.numel(), t1 - t0, time.perf_counter() - t0, t_prep
 
-    def steps(self, first, count):
+    def steps(self, first, count, region=None):
         if not self.a.prefetch:
-            return [self.step(first + i) for i in range(count)]
+            return [self.step(first + i, region) for i in range(count)]
         res = []
         with ThreadPoolExecutor(max_workers=1) as pool:
             nxt = pool.submit(self.prepare, first)
@@ -121,7 +135,7 @@ class Bench:
                 cur = nxt
                 if i + 1 < count:  # queued now, built while this step's kernels run
                     nxt = pool.submit(self.prepare, first + i + 1)
-                res.append(self.step(first + i, prepared=cur))
+                res.append(self.step(first + i, region, prepared=cur))
         return res
 
     def run(self):
@@ -162,8 +176,7 @@ class Bench:
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.dev == "cuda" else [])
         with profile(activities=acts) as prof:
-            for i in range(n):
-                self.step(10_000 + i, region=record_function)
+            self.steps(10_000, n, region=record_function)  # as timed: prepared ahead with --prefetch
         path = self.a.trace or "/tmp/bench_drafter_trace.json"
         prof.export_chrome_trace(path)
         print(share_table(path), flush=True)

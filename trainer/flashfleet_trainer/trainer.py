@@ -159,6 +159,16 @@ class Prepared:
     layouts: dict | None = None  # flex_layouts of the blocks (flex attention only)
     tpos: torch.Tensor | None = None  # [N, B] the teacher's positions (soft labels only)
 
+    def pin(self) -> "Prepared":
+        """Its tensors in pinned memory, so their copies to a CUDA device do not wait for the host."""
+        pin = lambda t: t.pin_memory() if isinstance(t, torch.Tensor) else t  # noqa: E731
+        for k in ("seq", "anchor", "input_ids", "labels"):
+            setattr(self.blocks, k, pin(getattr(self.blocks, k)))
+        self.tpos = None if self.tpos is None else pin(self.tpos)
+        self.layouts = None if self.layouts is None else {t: {k: pin(v) for k, v in lay.items()}
+                                                          for t, lay in self.layouts.items()}
+        return self
+
 
 def shift_labels_late(blocks) -> torch.Tensor:
     """DIAGNOSTIC (Trainer.LABEL_SHIFT): block position k labelled with the token at anchor+k-1
@@ -339,14 +349,7 @@ class Trainer:
         if a.use_soft_labels:  # the lengths the feed will report: those of the sequences
             lengths = torch.tensor([len(x) for x in seqs])
             p.tpos = torch.minimum(blocks.teacher_pos, (lengths[blocks.seq] - 1)[:, None])
-        if self.dev.startswith("cuda"):
-            pin = lambda t: t.pin_memory() if isinstance(t, torch.Tensor) else t  # noqa: E731
-            for k in ("seq", "anchor", "input_ids", "labels"):
-                setattr(blocks, k, pin(getattr(blocks, k)))
-            p.tpos = None if p.tpos is None else pin(p.tpos)
-            p.layouts = None if p.layouts is None else {t: {k: pin(v) for k, v in lay.items()}
-                                                        for t, lay in p.layouts.items()}
-        return p
+        return p.pin() if self.dev.startswith("cuda") else p
 
     def micro_batch(self, epoch, index, idx, noise) -> dict | None:
         """Forward and backward of one micro-batch; returns its statistics (None: no anchors)."""

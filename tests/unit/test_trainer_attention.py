@@ -18,15 +18,18 @@ from flashfleet_trainer.model import (
     TILE,
     DFlashDrafter,
     DrafterConfig,
+    SparseAttention,
     block_attention_inputs,
     block_mask_intervals,
     bucket,
     drafter_hidden,
     flex_available,
+    flex_layouts,
     interval_block_mask,
     interval_mask_mod,
     resolve_attn_impl,
 )
+from flashfleet_trainer.trainer import Prepared
 
 needs_flex = pytest.mark.skipif(not flex_available(), reason="this torch has no torch.nn.attention.flex_attention")
 
@@ -345,6 +348,27 @@ def test_flex_forward_with_sliding_layers_matches_dense_on_cpu(window):
     with torch.no_grad():
         unwindowed = drafter_hidden(full, embed, feats, blocks, attn_impl="dense")
     assert not torch.allclose(unwindowed, dense, atol=1e-4)
+
+
+@needs_flex
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_attention_built_ahead_is_the_one_the_forward_builds():
+    """Prepared.to_device builds a micro-batch's SparseAttention before its forward (the trainer
+    queues it behind the previous backward); the forward given it computes what it computes when
+    it builds its own, and it does use the one given."""
+    drafter, embed = _mixed_drafter(3)
+    _, _, blocks = _blocks(np.random.default_rng(5))
+    feats = torch.randn(3, 200, 64)
+    p = Prepared((0, 0), None, blocks, layouts=flex_layouts(drafter.config, blocks)).to_device("cpu")
+    assert isinstance(p.layouts, SparseAttention)
+    assert set(p.layouts.block_masks) == {"sliding_attention", "full_attention"}
+    with torch.no_grad():
+        ahead = drafter_hidden(drafter, embed, feats, blocks, attn_impl="flex", layouts=p.layouts)
+        inline = drafter_hidden(drafter, embed, feats, blocks, attn_impl="flex")
+        assert torch.equal(ahead, inline)
+        p.layouts.block_masks["full_attention"] = p.layouts.block_masks["sliding_attention"]
+        assert not torch.allclose(drafter_hidden(drafter, embed, feats, blocks, attn_impl="flex", layouts=p.layouts),
+                                  inline, atol=1e-4)
 
 
 def test_sliding_layers_are_causal_in_the_block_and_windowed_over_the_context():

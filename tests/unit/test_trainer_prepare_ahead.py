@@ -8,7 +8,7 @@ import pytest
 import torch
 from flashfleet_trainer.config import parse_args
 from flashfleet_trainer.launch import run
-from flashfleet_trainer.trainer import Rank, Trainer
+from flashfleet_trainer.trainer import Prepared, Rank, Trainer
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -19,38 +19,56 @@ COMPARED = ("loss", "ce", "kl", "grad_norm", "acc", "accept_proxy", "rows", "tar
 
 def _train(argv, out, monkeypatch, ahead):
     monkeypatch.setattr(Trainer, "PREPARE_AHEAD", ahead)
-    keys = []  # every micro-batch prepare() built, in order
-    real = PREPARE
+    keys, queued = [], []  # every micro-batch prepare() built, in order; those queued on the device ahead
+    real, real_to_device = PREPARE, Prepared.to_device
 
     def spy(self, epoch, index, idx):
         keys.append((epoch, index))
         return real(self, epoch, index, idx)
 
+    def spy_to_device(self, device):
+        queued.append(self.key)
+        return real_to_device(self, device)
+
     monkeypatch.setattr(Trainer, "prepare", spy)
+    monkeypatch.setattr(Prepared, "to_device", spy_to_device)
     assert run(parse_args(argv(out=out)), log=lambda s: None) == 0
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: r.get(k) for k in COMPARED} for r in recs], keys, load_file(str(out / "checkpoints" / "step-00000004" / "drafter.safetensors"))
+    weights = load_file(str(out / "checkpoints" / "step-00000004" / "drafter.safetensors"))
+    return [{k: r.get(k) for k in COMPARED} for r in recs], keys, weights, queued
 
 
-def test_prepared_ahead_steps_equal_the_inline_ones(trainer_argv, tmp_path, monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("0", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA: the flex attention queued on the device ahead"))])
+def test_prepared_ahead_steps_equal_the_inline_ones(device, trainer_argv, tmp_path, monkeypatch):
     # noise on (tiny_argv), soft labels: the generator feeds the anchors and then the noise
     argv = lambda out: trainer_argv("--max-steps", "4", "--grad-accum", "2", "--save-interval", "100",  # noqa: E731
-                                    "--use-soft-labels", "--loss-weighting", "streak", out=out)
-    inline, k_inline, w_inline = _train(argv, tmp_path / "inline", monkeypatch, ahead=False)
-    ahead, k_ahead, w_ahead = _train(argv, tmp_path / "ahead", monkeypatch, ahead=True)
+                                    "--use-soft-labels", "--loss-weighting", "streak",
+                                    "--target-gpus", device, "--drafter-gpus", device, out=out)
+    inline, k_inline, w_inline, q_inline = _train(argv, tmp_path / "inline", monkeypatch, ahead=False)
+    ahead, k_ahead, w_ahead, q_ahead = _train(argv, tmp_path / "ahead", monkeypatch, ahead=True)
     assert len(inline) == 4
-    assert ahead == inline  # exactly: the same floats
-    for k in w_inline:
-        assert torch.equal(w_inline[k], w_ahead[k]), k
+    if device == "cpu":
+        assert ahead == inline  # exactly: the same floats
+        for k in w_inline:
+            assert torch.equal(w_inline[k], w_ahead[k]), k
+    else:  # the same kernels on the same inputs; the attention only built at another moment
+        for a, b in zip(ahead, inline, strict=True):
+            assert a.keys() == b.keys() and all(
+                a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6) for k in a if isinstance(a[k], float)), (a, b)
+        for k in w_inline:
+            torch.testing.assert_close(w_ahead[k], w_inline[k], rtol=1e-4, atol=1e-6)
     # each micro-batch was prepared once, ahead of it (the last one ahead of a step never taken)
     assert len(k_inline) == 8 and len(set(k_inline)) == 8
     assert k_ahead[:-1] == k_inline and len(k_ahead) == 9
+    # on CUDA every micro-batch prepared ahead (all but the first) had its attention queued then
+    assert q_inline == [] and q_ahead == (k_ahead[1:] if device != "cpu" else [])
 
 
 @pytest.mark.parametrize("rank,world", [(0, 1), (0, 2), (1, 2), (2, 3)])
 def test_looking_ahead_keeps_the_sequence_and_finds_this_ranks_next(rank, world, monkeypatch):
     t = Trainer.__new__(Trainer)
-    t.r, t.prepared = Rank(rank=rank, world=world), None
+    t.r, t.prepared, t.dev = Rank(rank=rank, world=world), None, "cpu"
     t.upcoming = iter([(0, i, [i]) for i in range(40)])
     import collections
 

@@ -82,15 +82,16 @@ class Bench:
             torch.cuda.synchronize()
 
     def prepare(self, i) -> Prepared:
-        """Step i's host work, as Trainer.prepare does it: anchors, blocks, the flex layouts and the
-        teacher's positions, pinned on CUDA (and the generator the forward goes on with)."""
+        """Step i's micro-batch, as the trainer prepares it: anchors, blocks, the flex layouts and the
+        teacher's positions, pinned and the attention queued on CUDA (and the generator the forward
+        goes on with)."""
         gen = torch.Generator().manual_seed(1000 + i)
         anchors = sample_anchors(self.masks, self.a.anchors, gen)
         blocks = build_blocks(self.tokens, self.masks, anchors, self.a.block_size, self.cfg.mask_token_id)
-        p = Prepared(i, gen, blocks, tpos=torch.minimum(blocks.teacher_pos, torch.tensor(self.a.seq_len - 1)))
+        p = Prepared((0, i), gen, blocks, tpos=torch.minimum(blocks.teacher_pos, torch.tensor(self.a.seq_len - 1)))
         if self.attn_impl == "flex":
             p.layouts = flex_layouts(self.cfg, blocks)
-        return p.pin() if self.dev == "cuda" else p
+        return p.pin().to_device(self.dev) if self.dev == "cuda" else p
 
     def step(self, i, region=None, prepared=None):
         """One micro-batch + optimizer step; returns (rows, drafter seconds, step seconds, prep seconds).

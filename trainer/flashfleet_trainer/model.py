@@ -699,12 +699,17 @@ class SparseAttention:
     per layer type and the padded layout (context at kv [0, t), block rows at kv [t_pad, t_pad + m),
     rows padded to q_len, kv to kv_len; the same for every kind).
 
-    layouts: one `block_mask_intervals` layout (every layer uses it), or {layer type: layout}."""
+    layouts: one `block_mask_intervals` layout (every layer uses it), or {layer type: layout}.
+    Building it queues the copies and the BlockMasks' ~30 small kernels per layer type; made ahead
+    (`Prepared.to_device`, behind the previous micro-batch's backward) they cost the step no gaps."""
 
     def __init__(self, layouts, device):
         if "lo" in layouts:
             layouts = {None: layouts}
         layout = next(iter(layouts.values()))
+        # the context's gather indices and the rows' positions, the same for every layer type
+        self.ctx_seq, self.ctx_pos, self.block_pos = (layout[k].to(device, non_blocking=True)
+                                                      for k in ("ctx_seq", "ctx_pos", "block_pos"))
         self.t, self.t_pad, self.m = layout["t"], layout["t_pad"], layout["m"]
         self.q_len, self.kv_len = layout["q_len"], layout["kv_len"]
         self.block_masks = {}
@@ -748,16 +753,15 @@ def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen
     """Run the drafter on all blocks of a micro-batch. features [S, T, n*H] (right-padded per
     sequence). Noise is added to the gathered context, scaled by each token's feature RMS so the
     scale means the same at any width. attn_impl: dense (the reference), flex or auto (flex on
-    CUDA). layouts: `flex_layouts` of these blocks, when built ahead (flex only). Returns the
-    student hidden [N, B, H]."""
+    CUDA). layouts (flex only): `flex_layouts` of these blocks or their `SparseAttention` on this
+    device, when built ahead. Returns the student hidden [N, B, H]."""
     n, b = blocks.input_ids.shape
     dev = features.device
     windows = layer_windows(drafter.config)  # one mask per layer type the drafter has
     if resolve_attn_impl(attn_impl, dev) == "flex":
-        layouts = layouts if layouts is not None else flex_layouts(drafter.config, blocks)
-        layout = next(iter(layouts.values()))
-        ctx_seq, ctx_pos, block_pos = (layout[k].to(dev, non_blocking=True) for k in ("ctx_seq", "ctx_pos", "block_pos"))
-        mask = SparseAttention(layouts, dev)
+        mask = layouts if isinstance(layouts, SparseAttention) else SparseAttention(
+            layouts if layouts is not None else flex_layouts(drafter.config, blocks), dev)
+        ctx_seq, ctx_pos, block_pos = mask.ctx_seq, mask.ctx_pos, mask.block_pos
     else:
         seq, anchor = blocks.seq.to(dev), blocks.anchor.to(dev)
         mask = {}

@@ -27,5 +27,5 @@ bench() {
   local pp=$now; [ "$code" = before ] && pp=$before
   echo "== $code: bench_drafter $* ($(date -u +%T))" | tee -a "$log"
   PYTHONPATH=$pp python3 -m flashfleet_trainer.bench_drafter "$@" 2>>"$OUT/err.txt" | tee -a "$OUT/full.txt" \
-    | grep -E '^\{|GPU kernel time|^\| [0-9.]+% \| [a-zA-Z(]+[^|]*\|$' | tee -a "$log"
+    | grep -E '^\{|GPU kernel time|GPU idle|^\| [0-9.]+% \| [a-zA-Z(]+[^|]*\|$' | tee -a "$log"
 }

@@ -40,7 +40,7 @@ from .model import (
 )
 from .optim import adamw, clipped_step
 from .shapes import SHAPES
-from .trainer import Prepared
+from .trainer import DeviceSpan, Prepared
 
 
 def compiled_graphs() -> int:
@@ -104,6 +104,7 @@ class Bench:
         p = prepared.result() if prepared is not None else self.prepare(i)
         blocks = p.blocks
         t_prep = time.perf_counter() - t0
+        span = DeviceSpan(self.dev)  # forward + backward, timed on the device as the trainer times it
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dev == "cuda"):
             with region("drafter_forward"):
                 student = drafter_hidden(self.drafter, self.embed, self.feats, blocks, 0.0, p.gen,
@@ -116,15 +117,14 @@ class Bench:
                                         kl_temperature=1.0, kl_weight=0.5, host_stats=False)
         with region("backward"):
             loss.backward()
-        self.sync()  # for the drafter's time alone; the trainer does not wait here
-        t1 = time.perf_counter()
+        span.stop()  # no wait here, as in the trainer: the optimizer's launches queue behind the backward
         with region("optimizer"):
             gnorm = clipped_step(self.opt, 1.0)
             self.opt.zero_grad(set_to_none=True)
         # the statistics, read once after the optimizer as the trainer does
         torch.cat([loss.detach().double().reshape(1), st["ce"].reshape(1), st["kl"].reshape(1),
                    st["correct"].double(), st["count"].double(), gnorm.double().reshape(1)]).tolist()
-        return blocks.input_ids.numel(), t1 - t0, time.perf_counter() - t0, t_prep
+        return blocks.input_ids.numel(), t_prep + span.seconds(), time.perf_counter() - t0, t_prep
 
     def steps(self, first, count, region=None):
         if not self.a.prefetch:

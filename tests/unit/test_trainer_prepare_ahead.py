@@ -13,14 +13,14 @@ from safetensors.torch import load_file
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-PREPARE = Trainer.prepare
+PREPARE, TO_DEVICE = Trainer.prepare, Prepared.to_device  # the real ones, whatever a test patched before
 COMPARED = ("loss", "ce", "kl", "grad_norm", "acc", "accept_proxy", "rows", "target_tokens", "epoch", "noise")
 
 
 def _train(argv, out, monkeypatch, ahead):
     monkeypatch.setattr(Trainer, "PREPARE_AHEAD", ahead)
     keys, queued = [], []  # every micro-batch prepare() built, in order; those queued on the device ahead
-    real, real_to_device = PREPARE, Prepared.to_device
+    real, real_to_device = PREPARE, TO_DEVICE
 
     def spy(self, epoch, index, idx):
         keys.append((epoch, index))
@@ -62,7 +62,7 @@ def test_prepared_ahead_steps_equal_the_inline_ones(device, trainer_argv, tmp_pa
     assert len(k_inline) == 8 and len(set(k_inline)) == 8
     assert k_ahead[:-1] == k_inline and len(k_ahead) == 9
     # on CUDA every micro-batch prepared ahead (all but the first) had its attention queued then
-    assert q_inline == [] and q_ahead == (k_ahead[1:] if device != "cpu" else [])
+    assert q_inline == [] and q_ahead == (k_ahead[1:] if device != "cpu" else []), (q_inline, q_ahead, k_ahead)
 
 
 @pytest.mark.parametrize("rank,world", [(0, 1), (0, 2), (1, 2), (2, 3)])

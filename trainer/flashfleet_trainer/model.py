@@ -701,7 +701,8 @@ class SparseAttention:
 
     layouts: one `block_mask_intervals` layout (every layer uses it), or {layer type: layout}.
     Building it queues the copies and the BlockMasks' ~30 small kernels per layer type; made ahead
-    (`Prepared.to_device`, behind the previous micro-batch's backward) they cost the step no gaps."""
+    (`Prepared.to_device`, behind the previous micro-batch's backward) they leave the forward's
+    start, where each waited for the host's launch."""
 
     def __init__(self, layouts, device):
         if "lo" in layouts:

@@ -166,8 +166,8 @@ class Prepared:
         for k in ("seq", "anchor", "input_ids", "labels"):
             setattr(self.blocks, k, pin(getattr(self.blocks, k)))
         self.tpos = None if self.tpos is None else pin(self.tpos)
-        self.layouts = None if self.layouts is None else {t: {k: pin(v) for k, v in lay.items()}
-                                                          for t, lay in self.layouts.items()}
+        if isinstance(self.layouts, dict):  # (not yet a SparseAttention: that one is on the device)
+            self.layouts = {t: {k: pin(v) for k, v in lay.items()} for t, lay in self.layouts.items()}
         return self
 
     def to_device(self, device) -> "Prepared":

@@ -162,15 +162,15 @@ def test_nonfinite_loss_stops_without_saving_it(trainer_argv, tmp_path, monkeypa
     import torch
     from flashfleet_trainer import trainer as tr
 
-    original = tr.Trainer.train_step
+    original = tr.Trainer.launch_step
 
-    def train_step(self):
+    def launch_step(self):
         if self.step == 2:
             with torch.no_grad():
                 next(self.drafter.parameters()).fill_(float("nan"))
         return original(self)
 
-    monkeypatch.setattr(tr.Trainer, "train_step", train_step)
+    monkeypatch.setattr(tr.Trainer, "launch_step", launch_step)
     out = tmp_path / "run"
     rc = main(trainer_argv("--max-steps", "5", "--save-interval", "2", out=out))
     err = capsys.readouterr().err.strip().splitlines()

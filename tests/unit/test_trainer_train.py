@@ -139,7 +139,7 @@ def test_runtime_crash_is_recorded_then_propagates(trainer_argv, tmp_path, monke
     def boom(self):
         raise RuntimeError("synthetic failure in a step")
 
-    monkeypatch.setattr(trainer.Trainer, "train_step", boom)
+    monkeypatch.setattr(trainer.Trainer, "launch_step", boom)
     out = tmp_path / "run"
     with pytest.raises(RuntimeError, match="synthetic"):
         main(trainer_argv("--max-steps", "2", out=out))

@@ -14,7 +14,9 @@ bucket, not one per step). `--profile N` adds a table of GPU time by kind over N
 over the repeats, with the host time each step spends preparing its micro-batch before the GPU gets
 work (`prep_ms`, median and max: anchors, blocks, flex layouts, as `Trainer.prepare` builds them).
 `--prefetch` prepares step n+1's on a worker thread while step n runs on the GPU, as the trainer
-does, so that time leaves the critical path (the profiled steps too).
+does, so that time leaves the critical path (the profiled steps too). Step n+1 is queued before
+step n's statistics are read, as the trainer does on CUDA (`Trainer.LAUNCH_AHEAD`), unless
+`--no-launch-ahead`.
 """
 
 import argparse
@@ -93,13 +95,12 @@ class Bench:
             p.layouts = flex_layouts(self.cfg, blocks)
         return p.pin().to_device(self.dev) if self.dev == "cuda" else p
 
-    def step(self, i, region=None, prepared=None):
-        """One micro-batch + optimizer step; returns (rows, drafter seconds, step seconds, prep seconds).
+    def launch(self, i, region=None, prepared=None) -> dict:
+        """Queue one micro-batch + optimizer step without waiting for the device; `read` waits.
 
         ``prepared``: a future of :meth:`prepare` for this step, made while the previous step ran."""
         a = self.a
         region = region or (lambda name: torch.autograd.profiler.record_function(name))
-        self.sync()
         t0 = time.perf_counter()
         p = prepared.result() if prepared is not None else self.prepare(i)
         blocks = p.blocks
@@ -121,22 +122,43 @@ class Bench:
         with region("optimizer"):
             gnorm = clipped_step(self.opt, 1.0)
             self.opt.zero_grad(set_to_none=True)
-        # the statistics, read once after the optimizer as the trainer does
-        torch.cat([loss.detach().double().reshape(1), st["ce"].reshape(1), st["kl"].reshape(1),
-                   st["correct"].double(), st["count"].double(), gnorm.double().reshape(1)]).tolist()
-        return blocks.input_ids.numel(), t_prep + span.seconds(), time.perf_counter() - t0, t_prep
+        stats = torch.cat([loss.detach().double().reshape(1), st["ce"].reshape(1), st["kl"].reshape(1),
+                           st["correct"].double(), st["count"].double(), gnorm.double().reshape(1)])
+        return {"rows": blocks.input_ids.numel(), "t0": t0, "t_prep": t_prep, "span": span, "stats": stats}
+
+    def read(self, s) -> tuple:
+        """The step's statistics read once, as the trainer reads them; (rows, drafter seconds, step
+        seconds, prep seconds). A step's wall time runs from its launch, or from the previous read
+        if that came later (launched ahead), so the steps' times add up to the wall time."""
+        s["stats"].tolist()
+        now = time.perf_counter()
+        step_s, self.last_read = now - max(s["t0"], self.last_read), now
+        return s["rows"], s["t_prep"] + s["span"].seconds(), step_s, s["t_prep"]
 
     def steps(self, first, count, region=None):
-        if not self.a.prefetch:
-            return [self.step(first + i, region) for i in range(count)]
-        res = []
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            nxt = pool.submit(self.prepare, first)
-            for i in range(count):
-                cur = nxt
-                if i + 1 < count:  # queued now, built while this step's kernels run
-                    nxt = pool.submit(self.prepare, first + i + 1)
-                res.append(self.step(first + i, region, prepared=cur))
+        """`count` steps from step `first`: with --prefetch each step's micro-batch prepared on a worker
+        thread while the step before runs; with launch-ahead (on unless --no-launch-ahead, as the
+        trainer on CUDA) step n+1 queued before step n is read."""
+        self.sync()
+        self.last_read = time.perf_counter()
+        res, queued = [], None
+        pool = ThreadPoolExecutor(max_workers=1) if self.a.prefetch else None
+        nxt = pool.submit(self.prepare, first) if pool else None
+        for i in range(count):
+            cur = nxt
+            if pool and i + 1 < count:  # queued now, built while this step's kernels run
+                nxt = pool.submit(self.prepare, first + i + 1)
+            s = self.launch(first + i, region, prepared=cur)
+            if queued is not None:
+                res.append(self.read(queued))
+            queued = s
+            if not self.a.launch_ahead:
+                res.append(self.read(queued))
+                queued = None
+        if queued is not None:
+            res.append(self.read(queued))
+        if pool:
+            pool.shutdown()
         return res
 
     def run(self):
@@ -158,7 +180,7 @@ class Bench:
                "drafter_rows_per_s": rows / sum(r[1] for r in res), "step_rows_per_s": rows / sum(r[2] for r in res),
                "drafter_ms": 1e3 * sum(r[1] for r in res) / a.steps, "step_ms": 1e3 * sum(r[2] for r in res) / a.steps,
                "graphs_after_warmup": graphs_after_warmup, "graphs_after_steps": compiled_graphs(),
-               "prefetch": a.prefetch, "prep_ms_median": 1e3 * statistics.median(r[3] for r in res),
+               "prefetch": a.prefetch, "launch_ahead": a.launch_ahead, "prep_ms_median": 1e3 * statistics.median(r[3] for r in res),
                "prep_ms_max": 1e3 * max(r[3] for r in res),
                "step_ms_spread": (max(r[1] for r in res) - min(r[1] for r in res)) / statistics.median(r[1] for r in res),
                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if self.dev == "cuda" else None}
@@ -298,6 +320,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=1, help="time --steps this many times (median and spread)")
     p.add_argument("--prefetch", action="store_true", help="prepare step n+1's anchors and blocks during step n")
+    p.add_argument("--no-launch-ahead", dest="launch_ahead", action="store_false",
+                   help="read each step's statistics before launching the next (the trainer launches ahead on CUDA)")
     p.add_argument("--profile", type=int, default=0, help="profile this many more steps and print GPU time shares")
     p.add_argument("--trace", default=None, help="where to write the profiler's chrome trace")
     a = p.parse_args(argv)

@@ -179,6 +179,21 @@ class Prepared:
         return self
 
 
+@dataclass
+class Launched:
+    """An optimizer step queued on the device, its statistics not yet read (Trainer.launch_step)."""
+
+    step: int  # the step's number once done (1 for the first)
+    t_launch: float  # perf_counter when its launch began
+    lr: float
+    noise: float
+    epoch: float  # the position in epochs after it
+    acc: dict  # the host-side sums (Trainer.STEP_SUMS)
+    spans: list  # DeviceSpan of each micro-batch's forward + backward
+    reduce_span: "DeviceSpan | None"  # the gradient all-reduce (several ranks)
+    sums: torch.Tensor  # on the device: [the all-reduced vector..., grad norm]
+
+
 def shift_labels_late(blocks) -> torch.Tensor:
     """DIAGNOSTIC (Trainer.LABEL_SHIFT): block position k labelled with the token at anchor+k-1
     (position 1 with the anchor itself) instead of anchor+k, where the original has a label. The
@@ -241,9 +256,10 @@ class Trainer:
         self.prepared = None  # the host work of this rank's next micro-batch, done ahead (Prepared)
         self.eval_spent_s = 0.0  # wall time of this process's interval evaluations
         self.recent = []  # (accept_proxy, acc at position 1) of the newest training steps (the guard's window)
+        self._last_read = 0.0  # perf_counter of the newest read_step
 
     def request_stop(self, *_):
-        """SIGTERM: finish the current step, save, exit 0."""
+        """SIGTERM: finish the current step (and one already queued behind it), save, exit 0."""
         if not self.stop_local:
             self.stop_local = True
             if self.r.is_main:
@@ -423,16 +439,23 @@ class Trainer:
         for g in grads:
             g.div_(self.r.world)
 
+    # Statistics of a step: host-side sums (what the host knows anyway) and device-side sums (what the
+    # loss computed), put in one vector that is all-reduced once per step (statistics for rank 0 and
+    # the stop flag) and read back once, after the optimizer step.
+    STEP_SUMS = ("n_loss", "n_kl", "rows", "tokens", "target_s", "drafter_s", "wait_s", "occupancy", "n_occupancy",
+                 "stop")
+
     def train_step(self) -> dict:
+        """One optimizer step, queued and then read: its record (metrics.jsonl's line)."""
+        return self.read_step(self.launch_step())
+
+    def launch_step(self) -> "Launched":
+        """Queue one optimizer step (its micro-batches, the gradient all-reduce, clipping and AdamW)
+        without waiting for the device; read_step reads its statistics."""
         a = self.args
         noise = noise_at(self.step, self.total_steps, a.noise_start, a.noise_end)
         b1 = a.block_size - 1
-        # Host-side sums (what the host knows anyway) and device-side sums (what the loss computed),
-        # put in one vector that is all-reduced once per step (statistics for rank 0 and the stop
-        # flag) and read back once, after the optimizer step: nothing in the step waits on the host.
-        names = ("n_loss", "n_kl", "rows", "tokens", "target_s", "drafter_s", "wait_s", "occupancy", "n_occupancy",
-                 "stop")
-        acc = dict.fromkeys(names, 0.0)
+        acc = dict.fromkeys(self.STEP_SUMS, 0.0)
         dev_sums, spans = None, []  # float64 [loss, ce, kl, correct x b1, count x b1]
         t_step = time.perf_counter()
         first = self.step * self.per_step
@@ -475,7 +498,7 @@ class Trainer:
             # Stopping is decided together: one rank leaving the loop alone would hang the others
             # in their next all-reduce, so a local SIGTERM only counts once it has been reduced.
             acc["stop"] = float(self._local_stop())
-            host = torch.tensor([acc[k] for k in names], dtype=torch.float64)
+            host = torch.tensor([acc[k] for k in self.STEP_SUMS], dtype=torch.float64)
             host = host.pin_memory().to(self.dev, non_blocking=True) if cuda else host
             vec = torch.cat([host, dev_sums])
             dist.all_reduce(vec)
@@ -487,27 +510,38 @@ class Trainer:
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
-        # The one read of the step (it waits for the optimizer to finish).
-        vals = torch.cat([vec, gnorm.detach().reshape(1).to(vec)]).tolist()
+        return Launched(self.step, t_step, lr, noise, self.epoch_float(), acc, spans, reduce_span,
+                        torch.cat([vec, gnorm.detach().reshape(1).to(vec)]))
+
+    def read_step(self, s: "Launched") -> dict:
+        """Wait for a launched step and return its record: the step's one read of the device."""
+        a = self.args
+        b1 = a.block_size - 1
+        acc = s.acc
+        vals = s.sums.tolist()
         grad_norm = vals.pop()
         if self.r.world > 1:
-            acc = dict(zip(names, vals[:len(names)], strict=True))
-            vals = vals[len(names):]
+            acc = dict(zip(self.STEP_SUMS, vals[:len(self.STEP_SUMS)], strict=True))
+            vals = vals[len(self.STEP_SUMS):]
             self.stop_requested = acc["stop"] > 0
         acc["loss"], acc["ce"], acc["kl"] = vals[:3]
         correct, count = vals[3:3 + b1], vals[3 + b1:]
         if self.r.world > 1:
-            acc["drafter_s"] += reduce_span.seconds() * self.r.world  # the all-reduces, as every rank spent them
+            acc["drafter_s"] += s.reduce_span.seconds() * self.r.world  # the all-reduces, as every rank spent them
         else:
-            acc["drafter_s"] = sum(sp.seconds() for sp in spans)
-        step_s = time.perf_counter() - t_step
+            acc["drafter_s"] = sum(sp.seconds() for sp in s.spans)
+        # From its launch, or from the previous step's read if that came later (a step launched
+        # ahead): consecutive steps' times add up to the wall time, never twice over.
+        now = time.perf_counter()
+        step_s = now - max(s.t_launch, self._last_read)
+        self._last_read = now
         accs = [c / n if n > 0 else float("nan") for c, n in zip(correct, count, strict=True)]
-        mean = lambda s, n: s / n if n else float("nan")  # noqa: E731
+        mean = lambda x, n: x / n if n else float("nan")  # noqa: E731
         n_t, n_d = self.r.n_targets, self.r.world
         return {
-            "step": self.step, "epoch": round(self.epoch_float(), 4), "loss": mean(acc["loss"], acc["n_loss"]),
+            "step": s.step, "epoch": round(s.epoch, 4), "loss": mean(acc["loss"], acc["n_loss"]),
             "ce": mean(acc["ce"], acc["n_loss"]), "kl": mean(acc["kl"], acc["n_kl"]) if acc["n_kl"] else None,
-            "lr": lr, "noise": noise, "grad_norm": grad_norm, "acc": accs, "accept_proxy": acceptance_proxy(accs),
+            "lr": s.lr, "noise": s.noise, "grad_norm": grad_norm, "acc": accs, "accept_proxy": acceptance_proxy(accs),
             "rows": int(acc["rows"]), "target_tokens": int(acc["tokens"]),
             # rates while busy, summed over workers: what each side can deliver (capacity)
             "target_tokens_per_s": acc["tokens"] * n_t / max(acc["target_s"], 1e-9),
@@ -609,6 +643,26 @@ class Trainer:
             self.log(warning)
 
     # ---- the loop ----------------------------------------------------------------------------
+    # Queue step n+1 before reading step n, so the device goes from one step to the next without
+    # idling while the host launches (the read is the step's only wait; without this the device
+    # idles from the end of each step's optimizer until the next forward's kernels come, 6-10 ms
+    # a step at the Qwen3-8B shape on one H200). None: where it pays, on CUDA with one drafter rank
+    # (several ranks already wait for each other's backward in the gradient all-reduce; on the CPU
+    # the host is the device).
+    LAUNCH_AHEAD = None
+
+    def launch_ahead(self) -> bool:
+        on = self.dev.startswith("cuda") if self.LAUNCH_AHEAD is None else self.LAUNCH_AHEAD
+        return bool(on) and self.r.world == 1
+
+    def may_follow(self, n: int) -> bool:
+        """Whether step n+1 may be queued before step n is read: not after the last step, not when
+        step n is saved or evaluated (they need the weights after n, not after n+1), not once a
+        stop was asked for (the run stops after the steps already queued)."""
+        a = self.args
+        return (n < self.total_steps and not self.stop_requested and not self._local_stop()
+                and n % a.save_interval != 0 and not (a.eval_interval and n % a.eval_interval == 0))
+
     def train(self, metrics, wandb_run, on_step=None) -> str:
         """Steps until done or stopped. Every rank runs this; only rank 0 saves, logs and notifies."""
         a, main = self.args, self.r.is_main
@@ -620,41 +674,47 @@ class Trainer:
             self.r.notifier.ready(f"nothing left to train at step {self.step}")
             self.status.update(ready=True)
         t_train = time.perf_counter()
-        while self.step < self.total_steps and not self.stop_requested:
-            rec = self.train_step()
+        ahead = self.launch_ahead()
+        queued = None  # a step launched before the previous one was read
+        while queued is not None or (self.step < self.total_steps and not self.stop_requested):
+            launched = queued or self.launch_step()
+            queued = self.launch_step() if ahead and self.may_follow(launched.step) else None
+            rec = self.read_step(launched)
+            n = rec["step"]
             # The step's one host read brought the loss and grad norm (all-reduced: every rank sees
             # the same numbers and stops together). A non-finite one stops the run before anything
             # saves: the fused AdamW skipped that update (optim.clipped_step), the CPU's went into the
             # weights; either way the newest checkpoint stays the last good one.
             for what, v in (("loss", rec["loss"]), ("grad norm", rec["grad_norm"])):
                 if rec["rows"] and not math.isfinite(v):
-                    raise NonFiniteLoss(self.step, v, what)
+                    raise NonFiniteLoss(n, v, what)
             if main:
                 metrics.write(rec)
-                wandb_run.log(rec, self.step)
+                wandb_run.log(rec, n)
                 if rec["acc"] and math.isfinite(rec["acc"][0]):
                     self.recent = [*self.recent, (rec["accept_proxy"], rec["acc"][0])][-self.TAU_GAP_WINDOW:]
             if not self.status.state["ready"]:
-                self.r.notifier.ready(f"training, step {self.step}")
+                self.r.notifier.ready(f"training, step {n}")
                 self.status.update(ready=True)
             self.r.notifier.watchdog()
-            if main and (self.step % a.log_interval == 0 or self.step == self.total_steps):
-                self.log(f"step {self.step}/{self.total_steps} ep {rec['epoch']:.3f} loss {rec['loss']:.4f} "
+            if main and (n % a.log_interval == 0 or n == self.total_steps):
+                self.log(f"step {n}/{self.total_steps} ep {rec['epoch']:.3f} loss {rec['loss']:.4f} "
                          f"ce {rec['ce']:.4f} acc1 {rec['acc'][0]:.3f} proxy {rec['accept_proxy']:.2f} "
                          f"lr {rec['lr']:.2e} target {rec['target_tokens_per_s']:.0f} tok/s "
                          f"drafter {rec['drafter_rows_per_s']:.0f} rows/s idle t/d "
                          f"{rec['target_idle_frac']:.2f}/{rec['drafter_idle_frac']:.2f}")
-            if main and a.eval_interval and self.step % a.eval_interval == 0 and self.step < self.total_steps:
+            # (may_follow kept the next step from being queued here: these see the weights after n)
+            if main and a.eval_interval and n % a.eval_interval == 0 and n < self.total_steps:
                 self.interval_eval(metrics, wandb_run, time.perf_counter() - t_train)
             if on_step is not None:
                 on_step(self)
             if self.r.world == 1:
                 self.stop_requested = self._local_stop()
-            if self.step % a.save_interval == 0 and not self.stop_requested:
+            if n % a.save_interval == 0 and not self.stop_requested:
                 if main:
                     self.save()
-                last_saved = self.step
-            self.status.update(phase="training", step=self.step, epoch=self.epoch)
+                last_saved = n
+            self.status.update(phase="training", step=n, epoch=self.epoch)
         if main and (self.step > last_saved or (self.step > 0 and ckpt.newest_complete(self.ckpt_root) is None)):
             self.save()
         self.feed.close()

@@ -53,15 +53,21 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def drafter_config(shape: str, vocab: int, layers: int, block_size: int) -> DrafterConfig:
+    """The drafter of a published target's shape (random weights: only the widths matter here)."""
+    widths = dict(SHAPES[shape])
+    tcfg = SimpleNamespace(vocab_size=vocab, rms_norm_eps=1e-6, rope_parameters={"rope_theta": 1e6}, **widths)
+    return DrafterConfig.from_target(tcfg, num_draft_layers=layers,
+                                     target_layer_ids=default_target_layers(widths["num_hidden_layers"], layers),
+                                     block_size=block_size, mask_token_id=vocab - 1)
+
+
 class Bench:
     def __init__(self, a):
         self.a = a
         self.dev = "cuda" if torch.cuda.is_available() else "cpu"
-        shape = dict(SHAPES[a.shape])
-        tcfg = SimpleNamespace(vocab_size=a.vocab, rms_norm_eps=1e-6, rope_parameters={"rope_theta": 1e6}, **shape)
-        layers = default_target_layers(shape["num_hidden_layers"], a.layers)
-        self.cfg = DrafterConfig.from_target(tcfg, num_draft_layers=a.layers, target_layer_ids=layers,
-                                             block_size=a.block_size, mask_token_id=a.vocab - 1)
+        self.cfg = drafter_config(a.shape, a.vocab, a.layers, a.block_size)
+        layers = self.cfg.target_layer_ids
         torch.manual_seed(0)
         self.drafter = DFlashDrafter(self.cfg).to(self.dev)
         self.opt = adamw(self.drafter.parameters(), 1e-4, 0.01, self.dev,
@@ -176,7 +182,7 @@ class Bench:
         from . import model
 
         out = {"attn_impl": self.attn_impl, "fused_elementwise": model.FUSE_ELEMENTWISE, "fused_adamw": bool(self.opt.param_groups[0].get("fused")),
-               "loss_impl": self.loss_impl, "steps": a.steps, "rows_per_step": rows / a.steps,
+               "loss_impl": self.loss_impl, "flex_options": model.FLEX_KERNEL_OPTIONS, "steps": a.steps, "rows_per_step": rows / a.steps,
                "drafter_rows_per_s": rows / sum(r[1] for r in res), "step_rows_per_s": rows / sum(r[2] for r in res),
                "drafter_ms": 1e3 * sum(r[1] for r in res) / a.steps, "step_ms": 1e3 * sum(r[2] for r in res) / a.steps,
                "graphs_after_warmup": graphs_after_warmup, "graphs_after_steps": compiled_graphs(),
@@ -316,6 +322,8 @@ def main(argv=None):
     p.add_argument("--weighting", choices=("streak", "decay", "uniform"), default="streak",
                    help="position weights (streak: computed inside the loss from its own CE)")
     p.add_argument("--eager-elementwise", action="store_true", help="RMSNorm, RoPE and SwiGLU op by op (not compiled)")
+    p.add_argument("--flex-options", type=json.loads, default=None,
+                   help="JSON kernel_options for flex_attention (model.FLEX_KERNEL_OPTIONS; default: the trainer's)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=1, help="time --steps this many times (median and spread)")
@@ -329,6 +337,10 @@ def main(argv=None):
         from . import model
 
         model.FUSE_ELEMENTWISE = False
+    if a.flex_options is not None:
+        from . import model
+
+        model.FLEX_KERNEL_OPTIONS = a.flex_options
     Bench(a).run()
 
 

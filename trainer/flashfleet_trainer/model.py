@@ -678,6 +678,10 @@ def interval_block_mask(lo, hi, blo, bhi, q_len, kv_len):
 
 
 _FLEX = {}
+# flex_attention's kernel_options for the drafter's attention (tile sizes, warps and stages of its
+# forward and backward kernels; None: inductor's defaults for the GPU). Set from measurements
+# (tests/benchmarks/bench_flex.py, docs/benchmarks.md).
+FLEX_KERNEL_OPTIONS = None
 
 
 def _flex_fn(device_type: str):
@@ -738,7 +742,8 @@ class SparseAttention:
         k, v = place(k), place(v)
         with torch.autocast(self.device_type, enabled=False):
             o = _flex_fn(self.device_type)(q[None], k[None], v[None], block_mask=block_mask,
-                                           enable_gqa=q.shape[0] != k.shape[0])
+                                           enable_gqa=q.shape[0] != k.shape[0],
+                                           kernel_options=FLEX_KERNEL_OPTIONS if self.device_type == "cuda" else None)
         return o[0, :, : self.m]
 
 

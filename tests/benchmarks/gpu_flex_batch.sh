@@ -2,8 +2,8 @@
 # The drafter's flex attention under kernel options, on one CUDA GPU, from the repository root, into
 # $OUT: bench_flex.py at the Qwen3-8B drafter shape (and the Qwen3.6-27B one unless NO_27B is set),
 # inductor's defaults and max-autotune in the same process; then bench_drafter with the fastest
-# options of the 8B table against the defaults, one process each, alternating (a kernel-time
-# profile each), and the CUDA attention tests with those options.
+# options of the 8B table against the defaults, one process each, alternating, $ROUNDS pairs (2; a kernel-time
+# profile each).
 #
 #     OUT=/tmp/out bash tests/benchmarks/gpu_flex_batch.sh
 set -uo pipefail
@@ -25,7 +25,7 @@ PY
 )
 echo "== fastest options at the 8B shape: $best" | tee -a "$log"
 d8=(--shape qwen3-8b --attn-impl flex --steps 8 --warmup 3 --prefetch --repeats 3 --profile 3)
-for round in 1 2; do
+for _ in $(seq "${ROUNDS:-2}"); do
   for opts in null "$best"; do
     echo "== bench_drafter --flex-options $opts ($(date -u +%T))" | tee -a "$log"
     python3 -m flashfleet_trainer.bench_drafter "${d8[@]}" --flex-options "$opts" 2>>"$OUT/err.txt" | tee -a "$OUT/full.txt" \

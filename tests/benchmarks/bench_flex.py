@@ -86,6 +86,7 @@ def main(argv=None):
         mode = "max-autotune-no-cudagraphs" if autotune else None
         from torch.nn.attention.flex_attention import flex_attention
 
+        torch._dynamo.reset()  # each configuration compiled afresh (the earlier ones' graphs count to dynamo's limit)
         model._FLEX["cuda"] = torch.compile(flex_attention, dynamic=False, mode=mode)
         for kind in attn.block_masks:
             def fwd(kind=kind):

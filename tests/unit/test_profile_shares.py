@@ -4,7 +4,7 @@ not count as a convolution), and by record_function region when there are region
 
 import json
 
-from flashfleet_trainer.bench_drafter import idle_table, share_table
+from flashfleet_trainer.bench_drafter import idle_table, launch_table, share_table
 
 KERNELS = {  # name -> microseconds; names as the H200 profiles printed them
     "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": 700.0,
@@ -68,3 +68,36 @@ def test_idle_gaps_are_put_on_the_op_that_launched_the_next_kernel(tmp_path):
     assert table.splitlines()[0].startswith("GPU idle 0.0 ms a step of 0.1 ms (22.7%)")  # 50 of 220 us
     rows = table.splitlines()[3:]
     assert rows == ["| 0.02 ms | 1 | loss | aten::mm after a sync |", "| 0.01 ms | 1 | loss | aten::add |"], rows
+
+
+def test_small_kernels_are_put_on_the_outermost_and_innermost_ops_around_their_launch(tmp_path):
+    """Two copy kernels launched inside aten::linear > aten::_to_copy (autocast's cast), one inside a
+    backward node, a GEMM (another kind: left out) and a compiled kernel whose launch is not traced."""
+    cast = "void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>"
+    ev = [
+        {"cat": "kernel", "name": cast, "ts": 0.0, "dur": 30.0, "args": {"correlation": 1}},
+        {"cat": "kernel", "name": "nvjet_sm90_tst_192x192", "ts": 30.0, "dur": 500.0, "args": {"correlation": 2}},
+        {"cat": "kernel", "name": cast, "ts": 530.0, "dur": 50.0, "args": {"correlation": 3}},
+        {"cat": "kernel", "name": cast, "ts": 580.0, "dur": 20.0, "args": {"correlation": 4}},
+        {"cat": "kernel", "name": "triton_poi_fused_mul_silu_0", "ts": 600.0, "dur": 8.0},
+        {"cat": "cpu_op", "name": "aten::linear", "ts": 0.0, "dur": 20.0, "tid": 1},
+        {"cat": "cpu_op", "name": "aten::_to_copy", "ts": 1.0, "dur": 5.0, "tid": 1},
+        {"cat": "cpu_op", "name": "aten::copy_", "ts": 2.0, "dur": 3.0, "tid": 1},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 8.0, "dur": 5.0, "tid": 1},
+        {"cat": "cpu_op", "name": "aten::linear", "ts": 30.0, "dur": 20.0, "tid": 1},
+        {"cat": "cpu_op", "name": "aten::_to_copy", "ts": 31.0, "dur": 5.0, "tid": 1},
+        {"cat": "cpu_op", "name": "aten::copy_", "ts": 32.0, "dur": 3.0, "tid": 1},
+        {"cat": "cpu_op", "name": "autograd::engine::evaluate_function: ToCopyBackward0", "ts": 60.0, "dur": 9.0,
+         "tid": 2},
+        {"cat": "cpu_op", "name": "aten::copy_", "ts": 62.0, "dur": 3.0, "tid": 2},
+    ] + [{"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t, "dur": 0.5, "tid": tid,
+          "args": {"correlation": c}} for c, t, tid in ((1, 3.0, 1), (2, 9.0, 1), (3, 33.0, 1), (4, 63.0, 2))]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    lines = launch_table(path, steps=2).splitlines()
+    assert lines[0] == "elementwise/other: 0.1 ms a step of GPU time, by the host ops that launched it"
+    assert lines[3:] == [
+        f"| 0.04 | 2 | aten::linear > aten::copy_ | {cast[:60]} |",  # 80 us over 2 steps
+        f"| 0.01 | 1 | autograd::engine::evaluate_function: ToCopyBackward0 > aten::copy_ | {cast[:60]} |",
+        "| 0.00 | 1 | (launch not traced: a compiled kernel) | triton_poi_fused_mul_silu_0 |",
+    ], lines

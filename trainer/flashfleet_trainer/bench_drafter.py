@@ -210,6 +210,7 @@ class Bench:
         prof.export_chrome_trace(path)
         print(share_table(path), flush=True)
         print(idle_table(path, steps=n), flush=True)
+        print(launch_table(path, steps=n), flush=True)
 
 
 REGIONS = ("drafter_forward", "loss", "optimizer")  # backward kernels run on autograd's thread, outside them
@@ -258,42 +259,54 @@ def share_table(trace_path, regions=REGIONS, outside="backward") -> str:
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")  # the host waits
 
 
+class Trace:
+    """A profiler trace's kernels in time order, and for each kernel the host ops around its launch."""
+
+    def __init__(self, path):
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+        self.kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"])
+        runtime = [e for e in events if e.get("cat") == "cuda_runtime" and "dur" in e]
+        self.launch = {e["args"]["correlation"]: e for e in runtime if "correlation" in e.get("args", {})}
+        self.syncs = sorted(e["ts"] + e["dur"] for e in runtime if e["name"] in SYNCS)  # when each wait ended
+        self.ops = {}  # thread -> its ops by start time
+        for e in sorted((e for e in events if e.get("cat") == "cpu_op" and "dur" in e), key=lambda e: e["ts"]):
+            self.ops.setdefault(e.get("tid"), []).append(e)
+        self.starts = {tid: [e["ts"] for e in v] for tid, v in self.ops.items()}
+        self.regions = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "gpu_user_annotation"]
+
+    def stack(self, kernel) -> list[str] | None:
+        """The host ops running when `kernel` was launched, outermost first (None: launch not traced)."""
+        src = self.launch.get(kernel.get("args", {}).get("correlation"))
+        if src is None:
+            return None
+        t, tid = src["ts"], src.get("tid")
+        mine, at = self.ops.get(tid, []), bisect.bisect_right(self.starts.get(tid, []), t)
+        # the enclosing ops start shortly before: a bounded walk back (an op is rarely longer than that)
+        return [e["name"] for e in mine[max(0, at - 500):at] if e["ts"] + e["dur"] >= t]
+
+    def region(self, kernel) -> str:
+        return next((n for s, t, n in self.regions if s <= kernel["ts"] < t), "outside regions")
+
+
 def idle_table(trace_path, steps: int = 1, top: int = 12) -> str:
     """Where the GPU waited between the first kernel and the last of the profiled steps: each gap
     before a kernel is put on the host op that launched that kernel (the innermost one around its
     launch) and the region it ran in, and marked `after a sync` when a wait of the host for the GPU
     ended in the gap (then the gap is the host's way from that wait to the next launch)."""
-    with open(trace_path) as f:
-        events = json.load(f)["traceEvents"]
-    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"])
+    tr = Trace(trace_path)
+    kernels = tr.kernels
     if not kernels:
         return "no GPU kernels in the trace"
-    runtime = [e for e in events if e.get("cat") == "cuda_runtime" and "dur" in e]
-    launch = {e["args"]["correlation"]: e for e in runtime if "correlation" in e.get("args", {})}
-    syncs = sorted(e["ts"] + e["dur"] for e in runtime if e["name"] in SYNCS)  # when each wait ended
-    ops = {}  # thread -> its ops by start time
-    for e in sorted((e for e in events if e.get("cat") == "cpu_op" and "dur" in e), key=lambda e: e["ts"]):
-        ops.setdefault(e.get("tid"), []).append(e)
-    starts = {tid: [e["ts"] for e in v] for tid, v in ops.items()}
-    regions = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "gpu_user_annotation"]
-
-    def host_op(t, tid):  # the latest-starting op of that thread still running at t: the innermost
-        mine, at = ops.get(tid, []), bisect.bisect_right(starts.get(tid, []), t)
-        for i in range(at - 1, max(-1, at - 500), -1):  # innermost ops start just before: a short walk back
-            if mine[i]["ts"] + mine[i]["dur"] >= t:
-                return mine[i]["name"]
-        return "(no op)"
-
     by, idle, end = {}, 0.0, kernels[0]["ts"]
     for k in kernels:
         gap = k["ts"] - end
         if gap > 0:
             idle += gap
-            src = launch.get(k.get("args", {}).get("correlation"))
-            op = host_op(src["ts"], src.get("tid")) if src else "(launch not traced)"
-            waited = bisect.bisect_left(syncs, k["ts"]) > bisect.bisect_left(syncs, end)  # one ended in the gap
-            region = next((n for s, t, n in regions if s <= k["ts"] < t), "outside regions")
-            key = (region, op + (" after a sync" if waited else ""))
+            st = tr.stack(k)
+            op = "(launch not traced)" if st is None else (st[-1] if st else "(no op)")
+            waited = bisect.bisect_left(tr.syncs, k["ts"]) > bisect.bisect_left(tr.syncs, end)  # one ended in the gap
+            key = (tr.region(k), op + (" after a sync" if waited else ""))
             n, us = by.get(key, (0, 0.0))
             by[key] = (n + 1, us + gap)
         end = max(end, k["ts"] + k["dur"])
@@ -303,6 +316,29 @@ def idle_table(trace_path, steps: int = 1, top: int = 12) -> str:
              "| idle a step | gaps | region | host op that launched the next kernel |", "|---:|---:|---|---|"]
     for (region, op), (n, us) in sorted(by.items(), key=lambda x: -x[1][1])[:top]:
         lines.append(f"| {us / 1e3 / steps:.2f} ms | {n} | {region} | {op[:80]} |")
+    return "\n".join(lines)
+
+
+def launch_table(trace_path, steps: int = 1, kind: str = "elementwise/other", top: int = 15) -> str:
+    """GPU time of one kind of kernel (KINDS) by the host ops that launched it: the outermost and the
+    innermost op around each launch (e.g. an autocast cast inside `aten::linear`, or a backward
+    node's copy), so the copies and small kernels of a step can be traced to their source."""
+    tr = Trace(trace_path)
+    by, total = {}, 0.0
+    for k in tr.kernels:
+        low = k["name"].lower()
+        if next((kd for kd, subs in KINDS if any(x in low for x in subs)), "elementwise/other") != kind:
+            continue
+        st = tr.stack(k)
+        ops = "(launch not traced: a compiled kernel)" if st is None else (
+            " > ".join(dict.fromkeys([st[0], st[-1]])) if st else "(no op)")
+        n, us = by.get((ops, k["name"][:60]), (0, 0.0))
+        by[(ops, k["name"][:60])] = (n + 1, us + k["dur"])
+        total += k["dur"]
+    lines = [f"{kind}: {total / 1e3 / steps:.1f} ms a step of GPU time, by the host ops that launched it",
+             "| ms a step | kernels | outermost > innermost host op | kernel |", "|---:|---:|---|---|"]
+    for (ops, name), (n, us) in sorted(by.items(), key=lambda x: -x[1][1])[:top]:
+        lines.append(f"| {us / 1e3 / steps:.2f} | {n} | {ops[:90]} | {name} |")
     return "\n".join(lines)
 
 

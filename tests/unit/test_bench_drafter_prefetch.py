@@ -1,7 +1,7 @@
 """bench_drafter --prefetch: each step gets the micro-batch (anchors, blocks, layouts) it would have built itself;
 launching ahead (the default), step n+1 is queued before step n is read, and every step is read once, in order.
 
-The prefetch builds step n+1's host work on a worker thread while step n runs; the bench's numbers
+The prefetch builds step n+1's host work right after step n is launched, while it runs; the bench's numbers
 are comparable with and without it only if the steps see the same micro-batches. The GPU step is
 stubbed out (it needs a real-shape drafter); the host work is the real one.
 """
@@ -32,7 +32,7 @@ def test_steps_get_their_own_micro_batches(prefetch, launch_ahead):
 
     def launch(i, region=None, prepared=None):
         assert (prepared is not None) == prefetch
-        p = prepared.result() if prepared is not None else b.prepare(i)
+        p = prepared if prepared is not None else b.prepare(i)
         seen.append((i, p.gen.initial_seed(), p))
         order.append(("launch", i))
         return i

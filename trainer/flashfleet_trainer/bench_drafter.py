@@ -13,8 +13,8 @@ bucket, not one per step). `--profile N` adds a table of GPU time by kind over N
 `--repeats R` times the steps R times in one process and prints the median and spread of the rows/s
 over the repeats, with the host time each step spends preparing its micro-batch before the GPU gets
 work (`prep_ms`, median and max: anchors, blocks, flex layouts, as `Trainer.prepare` builds them).
-`--prefetch` prepares step n+1's on a worker thread while step n runs on the GPU, as the trainer
-does, so that time leaves the critical path (the profiled steps too). Step n+1 is queued before
+`--prefetch` prepares step n+1's right after step n is launched, while it runs on the GPU, as the
+trainer does, so that time leaves the critical path (the profiled steps too). Step n+1 is queued before
 step n's statistics are read, as the trainer does on CUDA (`Trainer.LAUNCH_AHEAD`), unless
 `--no-launch-ahead`.
 """
@@ -24,7 +24,6 @@ import bisect
 import json
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import numpy as np
@@ -104,11 +103,11 @@ class Bench:
     def launch(self, i, region=None, prepared=None) -> dict:
         """Queue one micro-batch + optimizer step without waiting for the device; `read` waits.
 
-        ``prepared``: a future of :meth:`prepare` for this step, made while the previous step ran."""
+        ``prepared``: this step's :meth:`prepare`, made while the previous step ran."""
         a = self.a
         region = region or (lambda name: torch.autograd.profiler.record_function(name))
         t0 = time.perf_counter()
-        p = prepared.result() if prepared is not None else self.prepare(i)
+        p = prepared if prepared is not None else self.prepare(i)
         blocks = p.blocks
         t_prep = time.perf_counter() - t0
         span = DeviceSpan(self.dev)  # forward + backward, timed on the device as the trainer times it
@@ -142,19 +141,19 @@ class Bench:
         return s["rows"], s["t_prep"] + s["span"].seconds(), step_s, s["t_prep"]
 
     def steps(self, first, count, region=None):
-        """`count` steps from step `first`: with --prefetch each step's micro-batch prepared on a worker
-        thread while the step before runs; with launch-ahead (on unless --no-launch-ahead, as the
-        trainer on CUDA) step n+1 queued before step n is read."""
+        """`count` steps from step `first`: with --prefetch each step's micro-batch prepared while the
+        step before runs, on the main thread right after that step's launch (as the trainer's
+        prepare_next: a worker thread would take the GIL from the launching thread for up to a
+        switch interval at a time); with launch-ahead (on unless --no-launch-ahead, as the trainer
+        on CUDA) step n+1 queued before step n is read."""
         self.sync()
         self.last_read = time.perf_counter()
         res, queued = [], None
-        pool = ThreadPoolExecutor(max_workers=1) if self.a.prefetch else None
-        nxt = pool.submit(self.prepare, first) if pool else None
+        nxt = self.prepare(first) if self.a.prefetch else None
         for i in range(count):
-            cur = nxt
-            if pool and i + 1 < count:  # queued now, built while this step's kernels run
-                nxt = pool.submit(self.prepare, first + i + 1)
-            s = self.launch(first + i, region, prepared=cur)
+            s = self.launch(first + i, region, prepared=nxt)
+            if self.a.prefetch and i + 1 < count:  # built while this step's kernels run
+                nxt = self.prepare(first + i + 1)
             if queued is not None:
                 res.append(self.read(queued))
             queued = s
@@ -163,8 +162,6 @@ class Bench:
                 queued = None
         if queued is not None:
             res.append(self.read(queued))
-        if pool:
-            pool.shutdown()
         return res
 
     def run(self):

@@ -113,7 +113,7 @@ class Bench:
         span = DeviceSpan(self.dev)  # forward + backward, timed on the device as the trainer times it
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dev == "cuda"):
             with region("drafter_forward"):
-                student = drafter_hidden(self.drafter, self.embed, self.feats, blocks, 0.0, p.gen,
+                student = drafter_hidden(self.drafter, self.embed, self.feats, blocks, a.noise, p.gen,
                                          attn_impl=self.attn_impl, layouts=p.layouts)
             with region("loss"):
                 nb = dict(non_blocking=True)
@@ -357,6 +357,8 @@ def main(argv=None):
     p.add_argument("--eager-elementwise", action="store_true", help="RMSNorm, RoPE and SwiGLU op by op (not compiled)")
     p.add_argument("--flex-options", type=json.loads, default=None,
                    help="JSON kernel_options for flex_attention (model.FLEX_KERNEL_OPTIONS; default: the trainer's)")
+    p.add_argument("--noise", type=float, default=0.0,
+                   help="hidden-state noise scale on the context (the trainer's --noise-start/--noise-end)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=1, help="time --steps this many times (median and spread)")

@@ -796,6 +796,18 @@ def flex_layouts(cfg, blocks) -> dict:
     return {t: block_mask_intervals(blocks.seq, blocks.anchor, b, w) for t, w in layer_windows(cfg).items()}
 
 
+def context_noise(shape, gen, device) -> torch.Tensor:
+    """Standard normal noise for the gathered context, drawn from the micro-batch's generator `gen`
+    (CPU; None: the global one), so it depends on the micro-batch, not on the topology. On the CPU
+    straight from it; on a GPU from a device generator seeded by one draw of it: drawing the
+    context's T x n*H numbers on the host took longer than the drafter's whole step (1.4 s for the
+    Qwen3-8B shape's 167M on two cores) and then a copy of that size to the device."""
+    if torch.device(device).type == "cpu":
+        return torch.randn(shape, generator=gen)
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    return torch.randn(shape, generator=torch.Generator(device=device).manual_seed(seed), device=device)
+
+
 def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen=None, attn_impl="dense",
                    layouts=None):
     """Run the drafter on all blocks of a micro-batch. features [S, T, n*H] (right-padded per
@@ -818,7 +830,7 @@ def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen
     ctx = features[ctx_seq, ctx_pos]
     if noise_scale > 0:
         rms = ctx.float().pow(2).mean(-1, keepdim=True).sqrt()
-        eps = torch.randn(ctx.shape, generator=gen, device="cpu").to(dev)
+        eps = context_noise(ctx.shape, gen, dev)
         ctx = (ctx.float() + noise_scale * rms * eps).to(ctx.dtype)
     emb = F.embedding(blocks.input_ids.to(dev, non_blocking=True).reshape(-1), embed_weight)
     out = drafter(emb, ctx, ctx_pos, block_pos, mask)

@@ -645,10 +645,9 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
     # Queue step n+1 before reading step n, so the device goes from one step to the next without
     # idling while the host launches (the read is the step's only wait; without this the device
-    # idles from the end of each step's optimizer until the next forward's kernels come, 6-10 ms
-    # a step at the Qwen3-8B shape on one H200). None: where it pays, on CUDA with one drafter rank
-    # (several ranks already wait for each other's backward in the gradient all-reduce; on the CPU
-    # the host is the device).
+    # idles from the end of each step's optimizer until the next forward's first kernels come).
+    # None: on CUDA with one drafter rank (several ranks already wait for each other's backward in
+    # the gradient all-reduce; on the CPU the host is the device).
     LAUNCH_AHEAD = None
 
     def launch_ahead(self) -> bool:

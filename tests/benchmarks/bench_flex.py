@@ -21,6 +21,7 @@ from flashfleet_trainer import model
 from flashfleet_trainer.bench_drafter import drafter_config
 from flashfleet_trainer.data import build_blocks, sample_anchors
 from flashfleet_trainer.model import SparseAttention, flex_layouts
+from gemm_ceiling import timed  # CUDA events around each call (run as a script: this folder is on the path)
 
 # Inductor's default for head dim 128 on sm90 is (64, 128, 128, 64) with 3 stages and 8 warps
 # (template_heuristics); the others are its autotune space's neighbours.
@@ -32,16 +33,6 @@ CONFIGS = [
     {"BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32, "bwd_num_stages": 4, "bwd_num_warps": 4},
     {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 64, "fwd_num_stages": 3, "fwd_num_warps": 8},
 ]
-
-
-def timed(fn, reps):
-    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in evs:
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in evs]
 
 
 def summary(ms):

@@ -1,16 +1,15 @@
 # Sourced by the drafter's before/after GPU batches (gpu_drafter_ab_batch.sh, gpu_bf16_batch.sh), from
 # the repository root: $OUT, $log under it (named by $LOG_NAME), the import paths of this trainer
-# ($now) and of a copy of an older one ($before: build/before/trainer, from `git archive <base>
+# ($now) and of a copy of an older one (build/before/trainer, from `git archive <base>
 # trainer/flashfleet_trainer | tar -x -C build/before`), the card and a power/clock log beside the
 # runs, `tests PATHS...` (the CUDA tests of this trainer, summary lines to $log) and `bench CODE
-# ARGS...` (one bench_drafter process of the before or after trainer: its JSON line and time shares
-# to $log, everything it printed to $OUT/full.txt).
+# ARGS...` (one bench_drafter process of this trainer when CODE is "after", else of the copy in
+# build/CODE: its JSON line and time shares to $log, everything it printed to $OUT/full.txt).
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the results}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 now=trainer:kernels:module_utils
-before=build/before/trainer:kernels:module_utils
 [ -d build/before/trainer/flashfleet_trainer ] || { echo "no build/before/trainer/flashfleet_trainer: make it with git archive (see above)" >&2; exit 1; }
 log=$OUT/${LOG_NAME:-drafter}.txt
 date -u | tee "$log"
@@ -24,7 +23,7 @@ tests() {
 }
 bench() {
   local code=$1; shift
-  local pp=$now; [ "$code" = before ] && pp=$before
+  local pp=$now; [ "$code" != after ] && pp=build/$code/trainer:kernels:module_utils
   echo "== $code: bench_drafter $* ($(date -u +%T))" | tee -a "$log"
   PYTHONPATH=$pp python3 -m flashfleet_trainer.bench_drafter "$@" 2>>"$OUT/err.txt" | tee -a "$OUT/full.txt" \
     | grep -E '^\{|GPU kernel time|GPU idle|^\| [0-9.]+% \| [a-zA-Z(]+[^|]*\|$' | tee -a "$log"

@@ -37,6 +37,7 @@ from .model import (
     default_target_layers,
     drafter_hidden,
     flex_layouts,
+    gather_rows,
     resolve_attn_impl,
 )
 from .optim import adamw, clipped_step
@@ -117,7 +118,7 @@ class Bench:
                                          attn_impl=self.attn_impl, layouts=p.layouts)
             with region("loss"):
                 nb = dict(non_blocking=True)
-                teacher = self.last[blocks.seq.to(self.dev, **nb)[:, None], p.tpos.to(self.dev, **nb)]
+                teacher = gather_rows(self.last, blocks.seq.to(self.dev, **nb)[:, None], p.tpos.to(self.dev, **nb))
                 loss, st = drafter_loss(student, teacher, self.head, blocks.labels.to(self.dev, **nb),
                                         loss_fn=self.loss_fn, weighting=a.weighting, use_soft_labels=True,
                                         kl_temperature=1.0, kl_weight=0.5, host_stats=False)

@@ -48,6 +48,7 @@ from .model import (
     SparseAttention,
     drafter_hidden,
     flex_layouts,
+    gather_rows,
     load_frozen_io,
     resolve_attn_impl,
 )
@@ -394,8 +395,8 @@ class Trainer:
                                      attn_impl=self.attn_impl, layouts=p.layouts)
             teacher = None
             if a.use_soft_labels:
-                teacher = f.last[blocks.seq.to(self.dev, non_blocking=True)[:, None],
-                                 p.tpos.to(self.dev, non_blocking=True)]
+                teacher = gather_rows(f.last, blocks.seq.to(self.dev, non_blocking=True)[:, None],
+                                      p.tpos.to(self.dev, non_blocking=True))
             loss, st = drafter_loss(student, teacher, self.lm_head_weight,
                                     blocks.labels.to(self.dev, non_blocking=True),
                                     loss_fn=self.loss_fn, weighting=a.loss_weighting, streak_alpha=a.streak_alpha,

@@ -1,11 +1,12 @@
-"""model.Linear: the drafter's linear layers. Under CUDA bf16 autocast with an fp32 weight, the
-weight's gradient comes out of the GEMM in fp32 (no bf16 rounding, no cast kernel); everything else
-is nn.Linear's. The oracle is the same product in fp64."""
+"""model.Linear and model.project: the drafter's linear layers. Under CUDA bf16 autocast with fp32
+weights, each weight's gradient comes out of the GEMM in fp32 (no bf16 rounding, no cast kernel), and
+layers that share an input run as one GEMM; everything else is nn.Linear's. The oracle is the same
+product in fp64."""
 
 import pytest
 import torch
 import torch.nn as nn
-from flashfleet_trainer.model import DFlashDrafter, DrafterConfig, Linear
+from flashfleet_trainer.model import DFlashDrafter, DrafterConfig, Linear, project
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: the bf16 autocast path")
 
@@ -61,3 +62,38 @@ def test_under_autocast_the_weight_gradient_is_fp32_from_the_gemm(shape):
     err_autocast = (grads[0][1] - exact).abs().max() / exact.abs().max()
     err_ours = (grads[1][1] - exact).abs().max() / exact.abs().max()
     assert err_ours < 1e-5 and err_ours < 0.1 * err_autocast, (err_ours, err_autocast)  # not rounded to bf16
+
+
+def test_project_on_cpu_is_each_linear():
+    mods = [_pair(48, d, "cpu")[1] for d in (80, 16)]
+    x = torch.randn(5, 48)
+    assert all(torch.equal(y, m(x)) for y, m in zip(project(x, *mods), mods, strict=True))
+
+
+@cuda
+def test_project_runs_layers_that_share_an_input_as_one_gemm():
+    """K and V (or gate and up): the outputs and the input's gradient as each layer's own under
+    autocast, every weight's gradient within 1e-5 of the fp64 oracle, in fp32."""
+    sizes = (384, 128, 128)
+    refs = [nn.Linear(256, d, bias=False, device="cuda") for d in sizes]
+    ours = [Linear(256, d, bias=False, device="cuda") for d in sizes]
+    for r, o in zip(refs, ours, strict=True):
+        o.load_state_dict(r.state_dict())
+    x = torch.randn(600, 256, device="cuda")
+    dys = [torch.randn(600, d, device="cuda") for d in sizes]
+    got = {}
+    for name, mods in (("ref", refs), ("ours", ours)):
+        xi = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ys = [m(xi) for m in mods] if name == "ref" else project(xi, *mods)
+        torch.autograd.backward(ys, [dy.to(y.dtype) for y, dy in zip(ys, dys, strict=True)])
+        got[name] = ys, xi.grad, [m.weight.grad for m in mods]
+    for a, b in zip(got["ref"][0], got["ours"][0], strict=True):
+        assert b.dtype == torch.bfloat16 and b.shape == a.shape
+        torch.testing.assert_close(b, a)
+    torch.testing.assert_close(got["ours"][1], got["ref"][1])
+    xb = x.to(torch.bfloat16).double()
+    for dy, g in zip(dys, got["ours"][2], strict=True):
+        exact = (dy.to(torch.bfloat16).double().t() @ xb).float()
+        assert g.dtype == torch.float32 and g.shape == exact.shape
+        assert (g - exact).abs().max() / exact.abs().max() < 1e-5

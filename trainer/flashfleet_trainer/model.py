@@ -410,17 +410,22 @@ def _mm_fp32(a, b):
 
 
 class _AutocastLinear(torch.autograd.Function):
-    """x @ w.T under bf16 autocast with w an fp32 master weight, whose gradient leaves the weight-
-    gradient GEMM in fp32. Autocast's own path writes it in bf16 and then casts it to the fp32
-    weight's dtype (ToCopyBackward: one copy kernel per weight a step, 3.4 ms of the Qwen3-8B
-    drafter's step on one H200, 5.6 ms at the Qwen3.6-27B drafter shape); here that kernel is gone
-    and the gradient is not rounded to bf16 on the way. The forward is autocast's: the weight cast
-    to bf16 once per call, kept for the input's gradient."""
+    """x @ [w1; w2; ...].T under bf16 autocast with fp32 master weights, as one GEMM whose weight
+    gradients leave the weight-gradient GEMM in fp32. Autocast's own path writes each gradient in
+    bf16 and then casts it to the fp32 weight's dtype (ToCopyBackward: one copy kernel per weight a
+    step, 3.4 ms of the Qwen3-8B drafter's step on one H200, 5.6 ms at the Qwen3.6-27B drafter
+    shape); here that kernel is gone and the gradient is not rounded to bf16 on the way. Weights
+    that share an input (K and V, gate and up) are cast side by side into one bf16 matrix, once per
+    call as autocast does, and kept for the input's gradient: one GEMM each way instead of one per
+    weight, and the input's gradient is not summed over them by a separate kernel."""
 
     @staticmethod
-    def forward(ctx, x, w):
-        wb = w.to(torch.bfloat16)
+    def forward(ctx, x, *ws):
+        wb = x.new_empty(sum(w.shape[0] for w in ws), ws[0].shape[1])
+        for part, w in zip(wb.split([w.shape[0] for w in ws]), ws, strict=True):
+            part.copy_(w)
         ctx.save_for_backward(x, wb)
+        ctx.rows = [w.shape[0] for w in ws]
         return F.linear(x, wb)
 
     @staticmethod
@@ -428,22 +433,30 @@ class _AutocastLinear(torch.autograd.Function):
         x, wb = ctx.saved_tensors
         dx = dy @ wb if ctx.needs_input_grad[0] else None
         dw = _mm_fp32(dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
-        return dx, dw
+        return dx, *dw.split(ctx.rows)
+
+
+def project(x, *linears) -> list[torch.Tensor]:
+    """[l(x) for l in linears] for the drafter's `Linear`s (no bias). Under CUDA bf16 autocast with
+    fp32 weights that train, one `_AutocastLinear` GEMM for all of them (its output split by
+    columns); elsewhere (CPU, evaluation, no grad) each nn.Linear on its own."""
+    ws = [lin.weight for lin in linears]
+    if (all(w.dtype == torch.float32 and w.is_cuda and w.requires_grad for w in ws) and torch.is_grad_enabled()
+            and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16
+            and all(lin.bias is None for lin in linears)):
+        with torch.autocast("cuda", enabled=False):
+            y = _AutocastLinear.apply(x.to(torch.bfloat16), *ws)
+        return list(y.split([w.shape[0] for w in ws], dim=-1))
+    return [nn.Linear.forward(lin, x) for lin in linears]
 
 
 class Linear(nn.Linear):
     """The drafter's nn.Linear (no bias): under CUDA bf16 autocast with an fp32 weight that trains,
-    `_AutocastLinear`; elsewhere (CPU, evaluation, no grad) nn.Linear itself. Same parameters and
-    state dict as nn.Linear."""
+    `_AutocastLinear` (see `project`, which also runs several that share an input as one GEMM);
+    elsewhere nn.Linear itself. Same parameters and state dict as nn.Linear."""
 
     def forward(self, x):
-        w = self.weight
-        if (w.dtype == torch.float32 and w.is_cuda and w.requires_grad and torch.is_grad_enabled()
-                and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16
-                and self.bias is None):
-            with torch.autocast("cuda", enabled=False):
-                return _AutocastLinear.apply(x.to(torch.bfloat16), w)
-        return super().forward(x)
+        return project(x, self)[0]
 
 
 def _layer_mask(mask, layer_type):
@@ -465,8 +478,9 @@ class DraftAttention(nn.Module):
 
     def kv(self, x, rope_x):
         """K (normed, rotated) and V [nkv, T, d] of rows x [T, H] at the positions of rope_x."""
-        k = self.k_norm(self.k_proj(x).view(-1, self.nkv, self.d)).transpose(0, 1)
-        return apply_rope(k, *rope_x), self.v_proj(x).view(-1, self.nkv, self.d).transpose(0, 1)
+        k, v = project(x, self.k_proj, self.v_proj)
+        k = self.k_norm(k.view(-1, self.nkv, self.d)).transpose(0, 1)
+        return apply_rope(k, *rope_x), v.view(-1, self.nkv, self.d).transpose(0, 1)
 
     def forward(self, x, ctx, rope_q, rope_kv, mask, ctx_kv=None):
         """x [M, H] block rows; ctx [T, H] context; mask: [M, T+M] bool (True = may attend), or
@@ -477,9 +491,9 @@ class DraftAttention(nn.Module):
         m = x.shape[0]
         q = self.q_norm(self.q_proj(x).view(m, self.nh, self.d)).transpose(0, 1)
         if ctx_kv is None:
-            kv_in = torch.cat([ctx, x], dim=0)
-            k = self.k_norm(self.k_proj(kv_in).view(-1, self.nkv, self.d)).transpose(0, 1)
-            v = self.v_proj(kv_in).view(-1, self.nkv, self.d).transpose(0, 1)
+            k, v = project(torch.cat([ctx, x], dim=0), self.k_proj, self.v_proj)
+            k = self.k_norm(k.view(-1, self.nkv, self.d)).transpose(0, 1)
+            v = v.view(-1, self.nkv, self.d).transpose(0, 1)
             q, k = apply_rope(q, *rope_q), apply_rope(k, *rope_kv)
         else:
             kb, vb = self.kv(x, rope_kv)
@@ -515,8 +529,8 @@ class DraftLayer(nn.Module):
     def forward(self, x, ctx, rope_q, rope_kv, mask, ctx_kv=None):
         x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, mask, ctx_kv)
         h = self.post_attention_layernorm(x)
-        gate = self.gate_proj(h)
-        return x + self.down_proj(_fused(swiglu, gate)(gate, self.up_proj(h)))
+        gate, up = project(h, self.gate_proj, self.up_proj)
+        return x + self.down_proj(_fused(swiglu, gate)(gate, up))
 
 
 class DFlashDrafter(nn.Module):

@@ -436,18 +436,20 @@ class _AutocastLinear(torch.autograd.Function):
         return dx, *dw.split(ctx.rows)
 
 
-def project(x, *linears) -> list[torch.Tensor]:
-    """[l(x) for l in linears] for the drafter's `Linear`s (no bias). Under CUDA bf16 autocast with
-    fp32 weights that train, one `_AutocastLinear` GEMM for all of them (its output split by
-    columns); elsewhere (CPU, evaluation, no grad) each nn.Linear on its own."""
+def project(x, *linears, packed: bool = False):
+    """[l(x) for l in linears] for the drafter's `Linear`s (no bias), or with `packed` those outputs
+    side by side in one tensor (the consumer then takes one gradient: no copy gathers the parts' in
+    backward). Under CUDA bf16 autocast with fp32 weights that train, one `_AutocastLinear` GEMM for
+    all of them; elsewhere (CPU, evaluation, no grad) each nn.Linear on its own."""
     ws = [lin.weight for lin in linears]
     if (all(w.dtype == torch.float32 and w.is_cuda and w.requires_grad for w in ws) and torch.is_grad_enabled()
             and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16
             and all(lin.bias is None for lin in linears)):
         with torch.autocast("cuda", enabled=False):
             y = _AutocastLinear.apply(x.to(torch.bfloat16), *ws)
-        return list(y.split([w.shape[0] for w in ws], dim=-1))
-    return [nn.Linear.forward(lin, x) for lin in linears]
+        return y if packed else list(y.split([w.shape[0] for w in ws], dim=-1))
+    ys = [nn.Linear.forward(lin, x) for lin in linears]
+    return torch.cat(ys, dim=-1) if packed else ys
 
 
 class Linear(nn.Linear):
@@ -509,9 +511,11 @@ class DraftAttention(nn.Module):
         return self.o_proj(o[0].transpose(0, 1).reshape(m, self.nh * self.d))
 
 
-def swiglu(gate, up):
-    """The MLP's gated activation; compiled (`_fused`) it is one kernel forward and one backward
-    instead of two and three, and its backward recomputes silu(gate) instead of keeping it."""
+def swiglu(gate_up):
+    """The MLP's gated activation of [gate | up] side by side (`project(..., packed=True)`); compiled
+    (`_fused`) it is one kernel forward and one backward instead of two and three, its backward
+    recomputes silu(gate) instead of keeping it and writes both halves' gradients into one tensor."""
+    gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
@@ -529,8 +533,8 @@ class DraftLayer(nn.Module):
     def forward(self, x, ctx, rope_q, rope_kv, mask, ctx_kv=None):
         x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, mask, ctx_kv)
         h = self.post_attention_layernorm(x)
-        gate, up = project(h, self.gate_proj, self.up_proj)
-        return x + self.down_proj(_fused(swiglu, gate)(gate, up))
+        gate_up = project(h, self.gate_proj, self.up_proj, packed=True)
+        return x + self.down_proj(_fused(swiglu, gate_up)(gate_up))
 
 
 class DFlashDrafter(nn.Module):

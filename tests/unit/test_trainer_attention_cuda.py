@@ -100,7 +100,7 @@ def test_compiled_elementwise_matches_op_by_op(monkeypatch):
     assert not m._COMPILED
     monkeypatch.setattr(m, "FUSE_ELEMENTWISE", True)
     fused_out, fused_grads = _run(drafter, embed, feats, blocks, "flex")
-    assert m.swiglu in m._COMPILED and m.rms_norm in m._COMPILED  # the compiled path ran
+    assert m.rms_norm in m._COMPILED  # the compiled path ran (and the Triton swiglu: test_swiglu.py)
     e_fused, e_eager = _rel(fused_out, ref_out), _rel(eager_out, ref_out)
     print(f"forward rel. error vs fp32: compiled {e_fused:.2e}, op by op {e_eager:.2e}")
     assert e_fused <= 1.5 * e_eager + 2e-3 and _rel(fused_out, eager_out) < 2e-2

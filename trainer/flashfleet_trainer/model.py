@@ -51,6 +51,11 @@ import torch.nn.functional as F
 
 from . import short_conv
 
+try:  # Triton: CUDA installs; CPU-only ones keep the torch swiglu
+    from flashfleet_kernels.swiglu import swiglu as swiglu_kernel
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    swiglu_kernel = None
+
 
 def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
     """num_draft_layers ids spread evenly from 1 to L-3 (Qwen3 36 layers, 5 -> [1, 9, 17, 25, 33])."""
@@ -512,11 +517,20 @@ class DraftAttention(nn.Module):
 
 
 def swiglu(gate_up):
-    """The MLP's gated activation of [gate | up] side by side (`project(..., packed=True)`); compiled
-    (`_fused`) it is one kernel forward and one backward instead of two and three, its backward
-    recomputes silu(gate) instead of keeping it and writes both halves' gradients into one tensor."""
+    """The MLP's gated activation of [gate | up] side by side (`project(..., packed=True)`), in torch:
+    the CPU path and the oracle of the Triton kernels that `_swiglu` runs on CUDA."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def _swiglu(gate_up):
+    """swiglu, on CUDA (with FUSE_ELEMENTWISE) flashfleet_kernels' Triton kernels: one kernel forward
+    and one backward, the backward recomputing silu(gate) and writing both halves' gradients into one
+    tensor, as the gate/up GEMM's backward takes it. (Compiled by inductor with dynamic shapes, the
+    packed halves cost 3x and 5x the time of two separate tensors, one H200.)"""
+    if FUSE_ELEMENTWISE and gate_up.is_cuda and swiglu_kernel is not None:
+        return swiglu_kernel(gate_up)
+    return swiglu(gate_up)
 
 
 class DraftLayer(nn.Module):
@@ -534,7 +548,7 @@ class DraftLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, mask, ctx_kv)
         h = self.post_attention_layernorm(x)
         gate_up = project(h, self.gate_proj, self.up_proj, packed=True)
-        return x + self.down_proj(_fused(swiglu, gate_up)(gate_up))
+        return x + self.down_proj(_swiglu(gate_up))
 
 
 class DFlashDrafter(nn.Module):

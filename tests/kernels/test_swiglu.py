@@ -1,0 +1,48 @@
+"""flashfleet_kernels.swiglu: silu(gate) * up of a packed [gate | up] tensor in Triton, forward and
+backward. The oracle is the trainer's torch version in fp64."""
+
+import pytest
+import torch
+from flashfleet_kernels.swiglu import swiglu
+from flashfleet_trainer.model import swiglu as swiglu_torch
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: a Triton kernel")
+
+
+@cuda
+@pytest.mark.parametrize("shape", [(1000, 2 * 3000), (2, 7, 2 * 1024), (0, 64), (5, 2)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_matches_torch_in_fp64(shape, dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gu = (3 * torch.randn(shape, device="cuda", generator=g)).to(dtype).requires_grad_()
+    dout = torch.randn(*shape[:-1], shape[-1] // 2, device="cuda", generator=g).to(dtype)
+    out = swiglu(gu)
+    out.backward(dout)
+    ref_in = gu.detach().double().requires_grad_()
+    ref = swiglu_torch(ref_in)
+    ref.backward(dout.double())
+    assert out.dtype == dtype and out.shape == ref.shape and gu.grad.shape == gu.shape
+    # fp32 math rounded once: within one rounding of the output dtype of the exact values
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    torch.testing.assert_close(gu.grad.double(), ref_in.grad, **tol)
+
+
+@cuda
+def test_a_non_contiguous_input_and_gradient():
+    gu = torch.randn(64, 2 * 96, device="cuda").t().contiguous().t().requires_grad_()  # column-major
+    assert not gu.is_contiguous()
+    out = swiglu(gu)
+    out.t().sum().backward()  # a non-contiguous gradient
+    ref_in = gu.detach().double().requires_grad_()
+    swiglu_torch(ref_in).sum().backward()
+    torch.testing.assert_close(out.double(), swiglu_torch(gu.detach().double()), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gu.grad.double(), ref_in.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        swiglu(torch.randn(4, 6))
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="even last dimension"):
+            swiglu(torch.randn(4, 5, device="cuda"))

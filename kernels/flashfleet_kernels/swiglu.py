@@ -7,11 +7,14 @@ strided halves, no copy gathering two gradients into one. The math runs in fp32 
 the backward recomputes silu(gate) instead of keeping it.
 
 With s = sigmoid(g): out = g * s * u; d/du = g * s; d/dg = u * s * (1 + g * (1 - s)).
-CUDA tensors only; the torch version (CPU, and the oracle of tests/kernels/test_swiglu.py) is
+CUDA tensors (CPU ones under TRITON_INTERPRET=1, as the tests run it without a GPU); the torch
+version (the trainer's CPU path, and the oracle of tests/kernels/test_swiglu.py) is
 `flashfleet_trainer.model.swiglu`.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -72,7 +75,8 @@ class _SwiGLU(torch.autograd.Function):
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of a CUDA tensor gate_up = [gate | up] (last dimension even). Output:
     gate_up's dtype, last dimension halved."""
-    if not gate_up.is_cuda or gate_up.shape[-1] % 2:
+    runs_here = gate_up.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    if not runs_here or gate_up.shape[-1] % 2:
         raise ValueError(f"swiglu takes a CUDA tensor of [gate | up] side by side, got {gate_up.device} "
                          f"{tuple(gate_up.shape)}: keep a CPU tensor on the torch version, and pass the gate "
                          "and up projections' outputs concatenated (an even last dimension)")

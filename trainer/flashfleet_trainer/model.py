@@ -445,7 +445,8 @@ def project(x, *linears, packed: bool = False):
     """[l(x) for l in linears] for the drafter's `Linear`s (no bias), or with `packed` those outputs
     side by side in one tensor (the consumer then takes one gradient: no copy gathers the parts' in
     backward). Under CUDA bf16 autocast with fp32 weights that train, one `_AutocastLinear` GEMM for
-    all of them; elsewhere (CPU, evaluation, no grad) each nn.Linear on its own."""
+    all of them; elsewhere (CPU, evaluation, no grad) each nn.Linear on its own. It calls no module,
+    so hooks registered on these layers do not run (the drafter registers none)."""
     ws = [lin.weight for lin in linears]
     if (all(w.dtype == torch.float32 and w.is_cuda and w.requires_grad for w in ws) and torch.is_grad_enabled()
             and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16

@@ -130,16 +130,18 @@ class Bench:
             self.opt.zero_grad(set_to_none=True)
         stats = torch.cat([loss.detach().double().reshape(1), st["ce"].reshape(1), st["kl"].reshape(1),
                            st["correct"].double(), st["count"].double(), gnorm.double().reshape(1)])
-        return {"rows": blocks.input_ids.numel(), "t0": t0, "t_prep": t_prep, "span": span, "stats": stats}
+        return {"rows": blocks.input_ids.numel(), "t0": t0, "t_prep": t_prep, "span": span, "stats": stats,
+                "t_launch": time.perf_counter() - t0}
 
     def read(self, s) -> tuple:
         """The step's statistics read once, as the trainer reads them; (rows, drafter seconds, step
-        seconds, prep seconds). A step's wall time runs from its launch, or from the previous read
-        if that came later (launched ahead), so the steps' times add up to the wall time."""
+        seconds, prep seconds, launch seconds: the host's time queueing the step). A step's wall time
+        runs from its launch, or from the previous read if that came later (launched ahead), so the
+        steps' times add up to the wall time."""
         s["stats"].tolist()
         now = time.perf_counter()
         step_s, self.last_read = now - max(s["t0"], self.last_read), now
-        return s["rows"], s["t_prep"] + s["span"].seconds(), step_s, s["t_prep"]
+        return s["rows"], s["t_prep"] + s["span"].seconds(), step_s, s["t_prep"], s["t_launch"]
 
     def steps(self, first, count, region=None):
         """`count` steps from step `first`: with --prefetch each step's micro-batch prepared while the
@@ -186,6 +188,8 @@ class Bench:
                "graphs_after_warmup": graphs_after_warmup, "graphs_after_steps": compiled_graphs(),
                "prefetch": a.prefetch, "launch_ahead": a.launch_ahead, "prep_ms_median": 1e3 * statistics.median(r[3] for r in res),
                "prep_ms_max": 1e3 * max(r[3] for r in res),
+               # the host's time queueing a step: near step_ms, the GPU waits for the host's launches
+               "launch_ms_median": 1e3 * statistics.median(r[4] for r in res),
                "step_ms_spread": (max(r[1] for r in res) - min(r[1] for r in res)) / statistics.median(r[1] for r in res),
                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if self.dev == "cuda" else None}
         if a.repeats > 1:

@@ -14,7 +14,6 @@ LOG_NAME=drafter_ab source tests/benchmarks/gpu_drafter_common.sh
 d8=(--shape qwen3-8b --attn-impl flex --steps 8 --warmup 3 --prefetch --profile 2 ${EXTRA:-})
 d27=(--shape qwen3.6-27b --vocab 248320 --seq-len 8192 --seqs 2 --anchors 512 --attn-impl flex --steps 6 --warmup 3
      --prefetch --profile 2 ${EXTRA:-})
-codes=(${CODES:-before after})
 for _ in $(seq "${ROUNDS:-2}"); do for code in "${codes[@]}"; do bench $code "${d8[@]}"; done; done
 [ -z "${NO_27B:-}" ] && for code in "${codes[@]}"; do bench $code "${d27[@]}"; done
 echo "== done ($(date -u +%T))" | tee -a "$log"

@@ -1,16 +1,21 @@
 # Sourced by the drafter's before/after GPU batches (gpu_drafter_ab_batch.sh, gpu_bf16_batch.sh), from
 # the repository root: $OUT, $log under it (named by $LOG_NAME), the import paths of this trainer
-# ($now) and of a copy of an older one (build/before/trainer, from `git archive <base>
-# trainer/flashfleet_trainer | tar -x -C build/before`), the card and a power/clock log beside the
-# runs, `tests PATHS...` (the CUDA tests of this trainer, summary lines to $log) and `bench CODE
-# ARGS...` (one bench_drafter process of this trainer when CODE is "after", else of the copy in
-# build/CODE: its JSON line and time shares to $log, everything it printed to $OUT/full.txt).
+# ($now) and the trees of $codes ($CODES, default "before after": build/before/trainer, from `git
+# archive <base> trainer/flashfleet_trainer | tar -x -C build/before`, then this one), checked
+# first, the card and a power/clock log beside the runs, `tests PATHS...` (the CUDA tests of this
+# trainer, summary lines to $log) and `bench CODE ARGS...` (one bench_drafter process of this
+# trainer when CODE is "after", else of the copy in build/CODE: its JSON line and time shares to
+# $log, everything it printed to $OUT/full.txt).
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the results}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 now=trainer:kernels:module_utils
-[ -d build/before/trainer/flashfleet_trainer ] || { echo "no build/before/trainer/flashfleet_trainer: make it with git archive (see above)" >&2; exit 1; }
+codes=(${CODES:-before after})  # the trees a round compares: "after" is this one, any other a copy in build/CODE
+for code in "${codes[@]}"; do
+  [ "$code" = after ] || [ -d "build/$code/trainer/flashfleet_trainer" ] \
+    || { echo "no build/$code/trainer/flashfleet_trainer: make it with git archive (see above)" >&2; exit 1; }
+done
 log=$OUT/${LOG_NAME:-drafter}.txt
 date -u | tee "$log"
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee -a "$log"

@@ -426,11 +426,11 @@ class _AutocastLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, *ws):
-        wb = x.new_empty(sum(w.shape[0] for w in ws), ws[0].shape[1])
-        for part, w in zip(wb.split([w.shape[0] for w in ws]), ws, strict=True):
+        ctx.rows = [w.shape[0] for w in ws]
+        wb = x.new_empty(sum(ctx.rows), ws[0].shape[1])
+        for part, w in zip(wb.split(ctx.rows), ws, strict=True):
             part.copy_(w)
         ctx.save_for_backward(x, wb)
-        ctx.rows = [w.shape[0] for w in ws]
         return F.linear(x, wb)
 
     @staticmethod
@@ -499,10 +499,8 @@ class DraftAttention(nn.Module):
         m = x.shape[0]
         q = self.q_norm(self.q_proj(x).view(m, self.nh, self.d)).transpose(0, 1)
         if ctx_kv is None:
-            k, v = project(torch.cat([ctx, x], dim=0), self.k_proj, self.v_proj)
-            k = self.k_norm(k.view(-1, self.nkv, self.d)).transpose(0, 1)
-            v = v.view(-1, self.nkv, self.d).transpose(0, 1)
-            q, k = apply_rope(q, *rope_q), apply_rope(k, *rope_kv)
+            k, v = self.kv(torch.cat([ctx, x], dim=0), rope_kv)
+            q = apply_rope(q, *rope_q)
         else:
             kb, vb = self.kv(x, rope_kv)
             q, k, v = apply_rope(q, *rope_q), torch.cat([ctx_kv[0], kb], dim=1), torch.cat([ctx_kv[1], vb], dim=1)

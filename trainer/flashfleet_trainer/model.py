@@ -51,10 +51,11 @@ import torch.nn.functional as F
 
 from . import short_conv
 
-try:  # Triton: CUDA installs; CPU-only ones keep the torch swiglu
+try:  # Triton: CUDA installs; CPU-only ones keep the torch ops
+    from flashfleet_kernels.norm_rope import norm_rope as norm_rope_kernel
     from flashfleet_kernels.swiglu import swiglu as swiglu_kernel
 except ImportError:  # pragma: no cover - exercised only where triton is missing
-    swiglu_kernel = None
+    norm_rope_kernel = swiglu_kernel = None
 
 
 def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -490,6 +491,24 @@ class DraftAttention(nn.Module):
         k = self.k_norm(k.view(-1, self.nkv, self.d)).transpose(0, 1)
         return apply_rope(k, *rope_x), v.view(-1, self.nkv, self.d).transpose(0, 1)
 
+    def _placed_by_kernel(self, x) -> bool:
+        d = self.d
+        return FUSE_ELEMENTWISE and x.is_cuda and norm_rope_kernel is not None and d >= 16 and not d & (d - 1)
+
+    def _flex_placed(self, x, ctx, rope_q, rope_kv, sparse):
+        """The flex path on CUDA: the norms, RoPE and the placement into `sparse`'s padded layout
+        as one `norm_rope` kernel for q and one for K beside V (instead of a kernel for each and
+        copies around the attention); its output is already [M, heads * d] in memory."""
+        m, nkv = x.shape[0], self.nkv
+        q = self.q_proj(x).view(m, self.nh, self.d)
+        kv = project(torch.cat([ctx, x], dim=0), self.k_proj, self.v_proj, packed=True).view(-1, 2 * nkv, self.d)
+        (q,) = norm_rope_kernel(q, self.q_norm.weight, *rope_q, self.q_norm.eps, parts=(self.nh,), normed=self.nh,
+                                length=sparse.q_len, split=m)
+        k, v = norm_rope_kernel(kv, self.k_norm.weight, *rope_kv, self.k_norm.eps, parts=(nkv, nkv), normed=nkv,
+                                length=sparse.kv_len, split=sparse.t, shift=sparse.t_pad - sparse.t)
+        o = sparse.attend(q, k, v, self.layer_type, placed=True)
+        return self.o_proj(o.transpose(0, 1).reshape(m, self.nh * self.d))
+
     def forward(self, x, ctx, rope_q, rope_kv, mask, ctx_kv=None):
         """x [M, H] block rows; ctx [T, H] context; mask: [M, T+M] bool (True = may attend), or
         {layer type: such a mask}, for the dense path, or a `SparseAttention` for the flex path (the
@@ -497,6 +516,8 @@ class DraftAttention(nn.Module):
         context's (K, V) already computed by `kv` (the evaluator's cache; ctx is then unused and
         rope_kv covers the block rows only)."""
         m = x.shape[0]
+        if isinstance(mask, SparseAttention) and ctx_kv is None and self._placed_by_kernel(x):
+            return self._flex_placed(x, ctx, rope_q, rope_kv, mask)
         q = self.q_norm(self.q_proj(x).view(m, self.nh, self.d)).transpose(0, 1)
         if ctx_kv is None:
             k, v = self.kv(torch.cat([ctx, x], dim=0), rope_kv)
@@ -798,21 +819,23 @@ class SparseAttention:
         self.block_mask = next(iter(self.block_masks.values()))
         self.device_type = torch.device(device).type
 
-    def attend(self, q, k, v, layer_type=None):
+    def attend(self, q, k, v, layer_type=None, placed=False):
         """q [nh, M, d], k/v [nkv, T+M, d] (rotated) -> o [nh, M, d], under the BlockMask of
-        `layer_type` (the only one when built from one layout). GQA without copies."""
+        `layer_type` (the only one when built from one layout). GQA without copies. `placed`: q, k
+        and v are already in the padded layout ([nh, q_len, d], [nkv, kv_len, d])."""
         block_mask = self.block_masks[None if None in self.block_masks else layer_type]
-        dt = v.dtype  # SDPA under autocast runs in the autocast dtype, which v_proj's output has
-        q, k, v = q.to(dt), k.to(dt), v.to(dt)
-        q = F.pad(q, (0, 0, 0, self.q_len - self.m))
+        if not placed:
+            dt = v.dtype  # SDPA under autocast runs in the autocast dtype, which v_proj's output has
+            q, k, v = q.to(dt), k.to(dt), v.to(dt)
+            q = F.pad(q, (0, 0, 0, self.q_len - self.m))
 
-        def place(x):
-            z = x.new_zeros
-            nkv, _, d = x.shape
-            return torch.cat([x[:, :self.t], z(nkv, self.t_pad - self.t, d), x[:, self.t:],
-                              z(nkv, self.kv_len - self.t_pad - self.m, d)], dim=1)
+            def place(x):
+                z = x.new_zeros
+                nkv, _, d = x.shape
+                return torch.cat([x[:, :self.t], z(nkv, self.t_pad - self.t, d), x[:, self.t:],
+                                  z(nkv, self.kv_len - self.t_pad - self.m, d)], dim=1)
 
-        k, v = place(k), place(v)
+            k, v = place(k), place(v)
         with torch.autocast(self.device_type, enabled=False):
             o = _flex_fn(self.device_type)(q[None], k[None], v[None], block_mask=block_mask,
                                            enable_gqa=q.shape[0] != k.shape[0],

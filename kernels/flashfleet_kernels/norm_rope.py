@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 _BLOCK_R = 16  # rows a program handles, of one head
+_NUM_WARPS = 4
 
 
 @triton.jit
@@ -101,7 +102,7 @@ class _NormRope(torch.autograd.Function):
         grid = (triton.cdiv(length, _BLOCK_R), heads)
         if length:
             _forward_kernel[grid](x, x.stride(0), x.stride(1), weight, cos, sin, out, out.stride(1), out.stride(0),
-                                  n_rows, length, split, shift, normed, eps, D=d, BLOCK_R=_BLOCK_R)
+                                  n_rows, length, split, shift, normed, eps, D=d, BLOCK_R=_BLOCK_R, num_warps=_NUM_WARPS)
         ctx.save_for_backward(x, weight, cos, sin)
         ctx.args = (eps, parts, normed, length, split, shift)
         return tuple(out.transpose(0, 1).split(parts))
@@ -121,7 +122,7 @@ class _NormRope(torch.autograd.Function):
             _backward_kernel[(blocks, heads)](x, x.stride(0), x.stride(1), weight, cos, sin,
                                               a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1), parts[0],
                                               dx, dx.stride(0), dx.stride(1), dw, n_rows, split, shift, normed, eps,
-                                              D=d, BLOCK_R=_BLOCK_R)
+                                              D=d, BLOCK_R=_BLOCK_R, num_warps=_NUM_WARPS)
         return dx, dw.sum((0, 1)).to(weight.dtype), None, None, None, None, None, None, None, None
 
 

@@ -840,7 +840,7 @@ class SparseAttention:
             o = _flex_fn(self.device_type)(q[None], k[None], v[None], block_mask=block_mask,
                                            enable_gqa=q.shape[0] != k.shape[0],
                                            kernel_options=FLEX_KERNEL_OPTIONS if self.device_type == "cuda" else None)
-        return o[0, :, : self.m]
+        return o.squeeze(0)[:, : self.m]  # a view (o[0]'s backward would copy the gradient into zeros)
 
 
 def flex_layouts(cfg, blocks) -> dict:

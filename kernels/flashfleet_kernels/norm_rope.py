@@ -117,7 +117,7 @@ class _NormRope(torch.autograd.Function):
         a, b = douts[0], douts[-1]
         dx = torch.empty(n_rows, heads, d, dtype=x.dtype, device=x.device)
         blocks = triton.cdiv(n_rows, _BLOCK_R)
-        dw = torch.zeros(blocks, max(normed, 1), d, dtype=torch.float32, device=x.device)
+        dw = torch.empty(blocks, max(normed, 1), d, dtype=torch.float32, device=x.device)  # every slot written
         if n_rows:
             _backward_kernel[(blocks, heads)](x, x.stride(0), x.stride(1), weight, cos, sin,
                                               a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1), parts[0],

@@ -35,32 +35,44 @@ CONFIGS = [
 ]
 
 
-def summary(ms):
+def summary(ms, digits=3):
+    """The median of timings in ms and their spread, (max - min) / median."""
     med = statistics.median(ms)
-    return round(med, 3), round((max(ms) - min(ms)) / med, 3)
+    return round(med, digits), round((max(ms) - min(ms)) / med, 3)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def batch_args(p):
+    """The micro-batch's arguments: a published drafter shape, sequences, anchors, block size."""
     p.add_argument("--shape", default="qwen3-8b")
-    p.add_argument("--layers", type=int, default=5)
     p.add_argument("--seqs", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--anchors", type=int, default=512)
     p.add_argument("--block-size", type=int, default=16)
+
+
+def micro_batch(a, layers, dev):
+    """The drafter config of `a.shape` with `layers` layers and the `SparseAttention` of a micro-batch
+    built as the trainer builds it (random tokens, anchors sampled with seed 0)."""
+    cfg = drafter_config(a.shape, 151936, layers, a.block_size)
+    rng = np.random.default_rng(0)
+    tokens = [rng.integers(0, 1000, size=a.seq_len) for _ in range(a.seqs)]
+    masks = [np.ones(a.seq_len, dtype=np.int64) for _ in range(a.seqs)]
+    gen = torch.Generator().manual_seed(0)
+    blocks = build_blocks(tokens, masks, sample_anchors(masks, a.anchors, gen), a.block_size, cfg.mask_token_id)
+    return cfg, SparseAttention(flex_layouts(cfg, blocks), dev)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    batch_args(p)
+    p.add_argument("--layers", type=int, default=5)
     p.add_argument("--configs", default=None, help="JSON list of kernel_options dicts (null: the defaults)")
     p.add_argument("--autotune", action="store_true", help="also inductor's max-autotune choice")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=10)
     a = p.parse_args(argv)
     dev = "cuda"
-    cfg = drafter_config(a.shape, 151936, a.layers, a.block_size)
-    rng = np.random.default_rng(0)
-    tokens = [rng.integers(0, 1000, size=a.seq_len) for _ in range(a.seqs)]
-    masks = [np.ones(a.seq_len, dtype=np.int64) for _ in range(a.seqs)]
-    gen = torch.Generator().manual_seed(0)
-    blocks = build_blocks(tokens, masks, sample_anchors(masks, a.anchors, gen), a.block_size, cfg.mask_token_id)
-    attn = SparseAttention(flex_layouts(cfg, blocks), dev)
+    cfg, attn = micro_batch(a, a.layers, dev)
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     g = torch.Generator(device=dev).manual_seed(0)
     q = torch.randn(nh, attn.m, hd, device=dev, generator=g, dtype=torch.bfloat16).requires_grad_()

@@ -13,40 +13,22 @@ forward + backward, at each (rows a program, warps) of the sweep, the module's s
 import argparse
 import itertools
 import json
-import statistics
 
-import numpy as np
 import torch
+from bench_flex import batch_args, micro_batch, summary  # run as a script: this folder is on the path
 from flashfleet_kernels import norm_rope as nr
-from flashfleet_trainer.bench_drafter import drafter_config
-from flashfleet_trainer.data import build_blocks, sample_anchors
-from flashfleet_trainer.model import DraftAttention, SparseAttention, flex_layouts, rope
-from gemm_ceiling import timed  # CUDA events around each call (run as a script: this folder is on the path)
-
-
-def summary(ms):
-    med = statistics.median(ms)
-    return round(med, 4), round((max(ms) - min(ms)) / med, 3)
+from flashfleet_trainer.model import DraftAttention, rope
+from gemm_ceiling import timed  # CUDA events around each call
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="qwen3-8b")
-    p.add_argument("--seqs", type=int, default=2)
-    p.add_argument("--seq-len", type=int, default=4096)
-    p.add_argument("--anchors", type=int, default=512)
-    p.add_argument("--block-size", type=int, default=16)
+    batch_args(p)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=20)
     a = p.parse_args(argv)
     dev = "cuda"
-    cfg = drafter_config(a.shape, 151936, 1, a.block_size)
-    rng = np.random.default_rng(0)
-    tokens = [rng.integers(0, 1000, size=a.seq_len) for _ in range(a.seqs)]
-    masks = [np.ones(a.seq_len, dtype=np.int64) for _ in range(a.seqs)]
-    blocks = build_blocks(tokens, masks, sample_anchors(masks, a.anchors, torch.Generator().manual_seed(0)),
-                          a.block_size, cfg.mask_token_id)
-    sparse = SparseAttention(flex_layouts(cfg, blocks), dev)
+    cfg, sparse = micro_batch(a, 1, dev)
     torch.manual_seed(0)
     layer = DraftAttention(cfg, cfg.layer_types[0]).to(dev)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -72,7 +54,7 @@ def main(argv=None):
         DraftAttention._placed_by_kernel = (lambda self, x, k=kernel: k)
         for _ in range(a.warmup):
             layer_step()
-        ms, spread = summary(timed(layer_step, a.reps))
+        ms, spread = summary(timed(layer_step, a.reps), 4)
         base.setdefault("ms", ms)
         print(json.dumps({"what": "attention layer, forward + backward", "norm_rope_kernel": kernel, "ms": ms,
                           "spread": spread, "ratio_to_op_by_op": round(ms / base["ms"], 3)}), flush=True)
@@ -102,8 +84,8 @@ def main(argv=None):
         for _ in range(a.warmup):
             fwd_bwd()
         row = {"what": f"norm_rope, {name}", "rows_a_program": rows, "warps": warps, "setting": (rows, warps) == setting}
-        row["fwd_ms"], row["fwd_spread"] = summary(timed(fwd, a.reps))
-        row["fwd_bwd_ms"], row["fwd_bwd_spread"] = summary(timed(fwd_bwd, a.reps))
+        row["fwd_ms"], row["fwd_spread"] = summary(timed(fwd, a.reps), 4)
+        row["fwd_bwd_ms"], row["fwd_bwd_spread"] = summary(timed(fwd_bwd, a.reps), 4)
         print(json.dumps(row), flush=True)
     nr._BLOCK_R, nr._NUM_WARPS = setting
 

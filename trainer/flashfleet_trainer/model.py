@@ -347,7 +347,9 @@ def _raise_recompile_limit(limit=64):
     setattr(cfg, name, max(getattr(cfg, name), limit))
 
 
-FUSE_ELEMENTWISE = True  # on CUDA, RMSNorm, RoPE and SwiGLU run as torch.compile'd kernels (the same ops)
+# On CUDA: RMSNorm and RoPE as torch.compile'd kernels (the same ops), SwiGLU and the flex path's
+# attention norms, RoPE and layout as flashfleet_kernels' Triton kernels; off: every op on its own.
+FUSE_ELEMENTWISE = True
 _COMPILED = {}
 
 
@@ -492,6 +494,7 @@ class DraftAttention(nn.Module):
         return apply_rope(k, *rope_x), v.view(-1, self.nkv, self.d).transpose(0, 1)
 
     def _placed_by_kernel(self, x) -> bool:
+        """Whether `_flex_placed` runs (CUDA, FUSE_ELEMENTWISE, Triton, a head dim the kernel takes)."""
         d = self.d
         return FUSE_ELEMENTWISE and x.is_cuda and norm_rope_kernel is not None and d >= 16 and not d & (d - 1)
 

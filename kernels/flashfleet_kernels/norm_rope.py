@@ -112,8 +112,8 @@ class _NormRope(torch.autograd.Function):
         x, weight, cos, sin = ctx.saved_tensors
         eps, parts, normed, length, split, shift = ctx.args
         n_rows, heads, d = x.shape
-        douts = [x.new_zeros(1, 1, d).expand(p, length, d) if g is None else g  # a part that got no gradient
-                 for g, p in zip(douts, parts, strict=True)]
+        douts = [x.new_zeros(1, 1, d).expand(p, length, d) if g is None  # a part that got no gradient
+                 else g if g.stride(2) == 1 else g.contiguous() for g, p in zip(douts, parts, strict=True)]
         a, b = douts[0], douts[-1]
         dx = torch.empty(n_rows, heads, d, dtype=x.dtype, device=x.device)
         blocks = triton.cdiv(n_rows, _BLOCK_R)

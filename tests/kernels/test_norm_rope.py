@@ -86,6 +86,21 @@ def test_a_part_without_gradient_counts_as_zero():
     assert x.grad[:, 1].abs().sum() == 0 and x.grad[:, 0].abs().sum() > 0
 
 
+def test_gradients_of_any_layout():
+    """The outputs' gradients as the attention hands them back: any strides, the head dim too."""
+    g = torch.Generator(device=DEV).manual_seed(3)
+    x, weight, cos, sin = _inputs(24, 4, 32, torch.float32, g)
+    kw = dict(parts=(2, 2), normed=2, length=40, split=9, shift=7)
+    outs = norm_rope(x, weight, cos, sin, EPS, **kw)
+    dys = [torch.randn(32, 40, 2, device=DEV, generator=g).permute(2, 1, 0) for _ in outs]  # d strided
+    assert dys[0].stride(2) != 1
+    torch.autograd.backward(outs, dys)
+    x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    torch.autograd.backward(oracle(x64, w64, cos.double(), sin.double(), **kw), [dy.double() for dy in dys])
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(weight.grad.double(), w64.grad, rtol=1e-3, atol=1e-2)
+
+
 def test_bad_input_is_refused_with_the_fix(monkeypatch):
     g = torch.Generator(device=DEV).manual_seed(2)
     x, weight, cos, sin = _inputs(8, 2, 16, torch.float32, g)

@@ -138,11 +138,10 @@ def test_the_drafter_gives_the_same_outputs_and_gradients_with_the_kernel(monkey
     masks = [np.ones(50, dtype=np.int64)] * 2
     blocks = build_blocks(tokens, masks, sample_anchors(masks, 9, torch.Generator().manual_seed(1)), 4, 99)
 
-    # The attention of both runs: the flex path's masks, dense, through SDPA in fp32. Torch's CPU
-    # flex_attention has no backward; on CUDA, the two runs through compiled flex (a kernel per q
-    # layout) differed beyond this fp32 tolerance in fc.weight's gradient on one H200, so this test
-    # holds the attention fixed and checks the wiring; tests/unit/test_trainer_attention_cuda.py
-    # compares the trainer's bf16 flex path, this kernel in it, with an fp32 dense reference.
+    # The attention of both runs: the flex path's masks, dense, through SDPA in fp32 (torch's CPU
+    # flex_attention has no backward), so the runs differ in the norms, RoPE and layout alone;
+    # tests/unit/test_trainer_attention_cuda.py runs the trainer's bf16 flex path, this kernel in it,
+    # against an fp32 dense reference.
     from torch.nn.attention.flex_attention import create_mask
 
     def flex_dense(q, k, v, block_mask, enable_gqa, kernel_options):
@@ -161,6 +160,11 @@ def test_the_drafter_gives_the_same_outputs_and_gradients_with_the_kernel(monkey
 
     ref_out, ref_grads = run(False)
     out, grads = run(True)
-    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-5)
+    # fp32 summed in another order: on one H200 the largest difference was 4e-7 of a tensor's largest
+    # entry, as large as the compiled ops' own difference from the plain ones (fc.weight's gradient
+    # reaches 137 there, so an absolute tolerance alone fails on rounding)
+    close = lambda a, b, name: torch.testing.assert_close(  # noqa: E731
+        a, b, rtol=1e-4, atol=1e-5 * max(float(b.abs().max()), 1.0), msg=lambda m: f"{name}: {m}")
+    close(out, ref_out, "output")
     for name, ref in ref_grads.items():
-        torch.testing.assert_close(grads[name], ref, rtol=1e-4, atol=1e-5, msg=name)
+        close(grads[name], ref, name)

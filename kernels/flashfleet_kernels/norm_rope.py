@@ -123,15 +123,16 @@ class _NormRope(torch.autograd.Function):
                                               a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1), parts[0],
                                               dx, dx.stride(0), dx.stride(1), dw, n_rows, split, shift, normed, eps,
                                               D=d, BLOCK_R=_BLOCK_R, num_warps=_NUM_WARPS)
-        return dx, dw.sum((0, 1)).to(weight.dtype), None, None, None, None, None, None, None, None
+        dweight = dw.sum((0, 1)).to(weight.dtype) if normed else None  # no normed head: the weight is unused
+        return dx, dweight, None, None, None, None, None, None, None, None
 
 
 def norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, *,
               parts: tuple[int, ...], normed: int, length: int, split: int, shift: int = 0) -> tuple:
     """x [rows, heads, d] (a projection's output viewed per head; rows and heads may be strided, d
     contiguous); weight [d] the RMSNorm weight of the first `normed` heads; cos, sin [rows, d] fp32
-    (Qwen3's RoPE, halves layout). Returns one tensor [p, length, d] per p in `parts` (which split
-    the heads), in x's dtype: row r at r (r < split) or r + shift, zeros elsewhere. d: a power of 2."""
+    (Qwen3's RoPE, halves layout). Returns one tensor [p, length, d] per p in `parts` (one or two
+    parts that split the heads: q; or K and V), in x's dtype: row r at r (r < split) or r + shift, zeros elsewhere. d: a power of 2."""
     n_rows, heads, d = x.shape
     runs_here = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
     problems = []
@@ -139,8 +140,9 @@ def norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: tor
         problems.append(f"a CUDA tensor (got {x.device}; keep CPU tensors on the torch ops)")
     if d < 2 or d & (d - 1) or x.stride(2) != 1:
         problems.append(f"a contiguous head dimension that is a power of 2 (got {d}, stride {x.stride(2)})")
-    if sum(parts) != heads or not 0 <= normed <= heads:
-        problems.append(f"parts that split the {heads} heads and at most that many normed (got {parts}, {normed})")
+    if not 1 <= len(parts) <= 2 or sum(parts) != heads or not 0 <= normed <= heads:
+        problems.append(f"one or two parts that split the {heads} heads, and at most that many normed (got "
+                        f"{parts}, {normed})")
     if tuple(weight.shape) != (d,) or tuple(cos.shape) != (n_rows, d) or cos.shape != sin.shape:
         problems.append(f"a weight [{d}] and cos, sin [{n_rows}, {d}] (got {tuple(weight.shape)}, "
                         f"{tuple(cos.shape)}, {tuple(sin.shape)})")

@@ -65,6 +65,8 @@ def test_matches_the_trainer_ops_in_fp64(case, dtype, strided):
     if normed:
         torch.testing.assert_close(weight.grad.double(), w64.grad, rtol=1e-3 if dtype == torch.float32 else 2e-2,
                                    atol=1e-3 * rows if dtype == torch.float32 else 2e-2 * rows)
+    else:  # no normed head: the weight gets no gradient (not an unwritten buffer's sum)
+        assert weight.grad is None
 
 
 def test_the_rows_it_does_not_reach_are_zero_and_the_output_is_row_major():
@@ -106,6 +108,8 @@ def test_bad_input_is_refused_with_the_fix(monkeypatch):
     x, weight, cos, sin = _inputs(8, 2, 16, torch.float32, g)
     with pytest.raises(ValueError, match="parts that split the 2 heads"):
         norm_rope(x, weight, cos, sin, EPS, parts=(1,), normed=1, length=8, split=8)
+    with pytest.raises(ValueError, match="one or two parts"):
+        norm_rope(x, weight, cos, sin, EPS, parts=(1, 1, 0), normed=1, length=8, split=8)
     with pytest.raises(ValueError, match="length >= rows \\+ shift"):
         norm_rope(x, weight, cos, sin, EPS, parts=(2,), normed=2, length=9, split=4, shift=2)
     with pytest.raises(ValueError, match="power of 2"):

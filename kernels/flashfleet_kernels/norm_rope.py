@@ -94,6 +94,11 @@ def _backward_kernel(x_ptr, sx_r, sx_h, w_ptr, cos_ptr, sin_ptr, dya_ptr, sa_h, 
              mask=keep[:, None])
 
 
+def takes_head_dim(d: int) -> bool:
+    """Whether the kernels take heads of d: a power of 2 (a tile's width), at least 16."""
+    return d >= 16 and not d & (d - 1)
+
+
 class _NormRope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, cos, sin, eps, parts, normed, length, split, shift):
@@ -132,14 +137,16 @@ def norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: tor
     """x [rows, heads, d] (a projection's output viewed per head; rows and heads may be strided, d
     contiguous); weight [d] the RMSNorm weight of the first `normed` heads; cos, sin [rows, d] fp32
     (Qwen3's RoPE, halves layout). Returns one tensor [p, length, d] per p in `parts` (one or two
-    parts that split the heads: q; or K and V), in x's dtype: row r at r (r < split) or r + shift, zeros elsewhere. d: a power of 2."""
+    parts that split the heads: q; or K and V), in x's dtype: row r at r (r < split) or r + shift,
+    zeros elsewhere. d: see `takes_head_dim`."""
     n_rows, heads, d = x.shape
     runs_here = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
     problems = []
     if not runs_here:
         problems.append(f"a CUDA tensor (got {x.device}; keep CPU tensors on the torch ops)")
-    if d < 2 or d & (d - 1) or x.stride(2) != 1:
-        problems.append(f"a contiguous head dimension that is a power of 2 (got {d}, stride {x.stride(2)})")
+    if not takes_head_dim(d) or x.stride(2) != 1:
+        problems.append(f"a contiguous head dimension that is a power of 2, at least 16 (got {d}, stride "
+                        f"{x.stride(2)})")
     if not 1 <= len(parts) <= 2 or sum(parts) != heads or not 0 <= normed <= heads:
         problems.append(f"one or two parts that split the {heads} heads, and at most that many normed (got "
                         f"{parts}, {normed})")

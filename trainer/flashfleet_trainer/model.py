@@ -53,9 +53,10 @@ from . import short_conv
 
 try:  # Triton: CUDA installs; CPU-only ones keep the torch ops
     from flashfleet_kernels.norm_rope import norm_rope as norm_rope_kernel
+    from flashfleet_kernels.norm_rope import takes_head_dim
     from flashfleet_kernels.swiglu import swiglu as swiglu_kernel
 except ImportError:  # pragma: no cover - exercised only where triton is missing
-    norm_rope_kernel = swiglu_kernel = None
+    norm_rope_kernel = swiglu_kernel = takes_head_dim = None
 
 
 def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -495,8 +496,7 @@ class DraftAttention(nn.Module):
 
     def _placed_by_kernel(self, x) -> bool:
         """Whether `_flex_placed` runs (CUDA, FUSE_ELEMENTWISE, Triton, a head dim the kernel takes)."""
-        d = self.d
-        return FUSE_ELEMENTWISE and x.is_cuda and norm_rope_kernel is not None and d >= 16 and not d & (d - 1)
+        return FUSE_ELEMENTWISE and x.is_cuda and norm_rope_kernel is not None and takes_head_dim(self.d)
 
     def _flex_placed(self, x, ctx, rope_q, rope_kv, sparse):
         """The flex path on CUDA: the norms, RoPE and the placement into `sparse`'s padded layout

@@ -64,6 +64,9 @@ def main(argv=None):
                    help="torch.compile each decoder layer's forward (layers: `compile_decoder_layers`, the "
                         "trainer's default for a CUDA target), only the norms and MLPs "
                         "(parts), or nothing (none: transformers' eager forward)")
+    p.add_argument("--compile-mode", default=None,
+                   help="torch.compile's mode for --compile layers (e.g. max-autotune-no-cudagraphs: inductor "
+                        "searches Triton GEMM templates against cuBLAS and fuses the ops around them)")
     p.add_argument("--profile", type=int, default=0, help="profile this many more forwards and print GPU time shares")
     p.add_argument("--trace", default=None, help="where to write the profiler's chrome trace")
     p.add_argument("--warmup", type=int, default=2)
@@ -81,7 +84,7 @@ def main(argv=None):
     if a.compile == "parts":
         compile_parts(model)
     elif a.compile == "layers":
-        compile_decoder_layers(model)
+        compile_decoder_layers(model, mode=a.compile_mode)
     layer_ids = default_target_layers(text.num_hidden_layers, a.draft_layers)
     producer = HiddenStateProducer(None, [dev], layer_ids, dev, replicas=[(dev, model)])
     kernels = linear_attention_kernels(text) if "qwen3_5" in getattr(text, "model_type", "") else {}
@@ -105,7 +108,7 @@ def main(argv=None):
            "padded_tokens": a.seqs * a.seq_len, "path": "padded" if a.padded else "length groups",
            "target_tokens_per_s": tokens / med, "spread": (max(times) - min(times)) / med,
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None,
-           "linear_attention": kernels, "target_layer_ids": layer_ids, "sdpa": a.sdpa, "compile": a.compile,
+           "linear_attention": kernels, "target_layer_ids": layer_ids, "sdpa": a.sdpa, "compile": a.compile, "compile_mode": a.compile_mode,
            "layers_run": max(layer_ids) + 1 if a.no_soft_labels else text.num_hidden_layers}
     print(json.dumps(out), flush=True)
     if a.profile:

@@ -941,38 +941,39 @@ class _CompiledUnlessCached:
     no KV cache; the evaluator's cached forwards (`past_key_values`) keep the eager one, so a cache
     object never enters a compiled graph."""
 
-    def __init__(self, eager, backend):
-        self.eager, self.compiled = eager, torch.compile(eager, dynamic=True, backend=backend)
+    def __init__(self, eager, backend, mode=None):
+        self.eager, self.compiled = eager, torch.compile(eager, dynamic=True, backend=backend, mode=mode)
 
     def __call__(self, *args, **kwargs):
         cached = any(kwargs.get(k) is not None for k in CACHE_KWARGS)
         return (self.eager if cached else self.compiled)(*args, **kwargs)
 
 
-def compile_decoder_layers(model, backend="inductor") -> int:
+def compile_decoder_layers(model, backend="inductor", mode=None) -> int:
     """Compile each decoder layer's forward in place (the forward hooks stay outside the graph):
     inductor fuses the memory-bound work around the GEMMs (RMSNorm's fp32 round trip, RoPE, SwiGLU,
     residual adds), 1.29x target tokens/s at the Qwen3-8B shape on one H200 (docs/benchmarks.md).
     Every layer of a stack shares one compiled graph per layer class. A hybrid stack's
     linear-attention layers are compiled in parts instead (`_compile_parts`): their token mixer
     calls flash-linear-attention's Triton kernels, which compiling the whole layer around did not
-    finish in minutes. Returns the layers compiled, whole or in parts."""
+    finish in minutes. `mode` is torch.compile's (None: inductor's default). Returns the layers
+    compiled, whole or in parts."""
     _raise_recompile_limit()  # length groups: a few batch/length specializations at most
     layers = model.get_decoder().layers
     for layer in layers:
         if hasattr(layer, "linear_attn"):
-            _compile_parts(layer, backend)
+            _compile_parts(layer, backend, mode)
         elif not isinstance(layer.forward, _CompiledUnlessCached):
-            layer.forward = _CompiledUnlessCached(layer.forward, backend)
+            layer.forward = _CompiledUnlessCached(layer.forward, backend, mode)
     return len(layers)
 
 
-def _compile_parts(layer, backend) -> None:
+def _compile_parts(layer, backend, mode=None) -> None:
     """A linear-attention layer's norms (its gated output norm too) and MLP compiled in place: the
     same fusions as a whole layer's, the token mixer between them eager. None of them takes a cache."""
     for sub in (layer.input_layernorm, layer.post_attention_layernorm, layer.mlp, layer.linear_attn.norm):
         if not hasattr(sub.forward, "_torchdynamo_orig_callable"):  # compiled already
-            sub.forward = torch.compile(sub.forward, dynamic=True, backend=backend)
+            sub.forward = torch.compile(sub.forward, dynamic=True, backend=backend, mode=mode)
 
 
 def compiled_by_default(device) -> bool:

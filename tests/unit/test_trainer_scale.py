@@ -13,6 +13,7 @@ import pytest
 from flashfleet_trainer.checkpoint import complete_checkpoints
 from flashfleet_trainer.cli import main
 from flashfleet_trainer.config import EX_CONFIG, parse_devices
+from flashfleet_trainer.planner import best_split
 from safetensors.torch import load_file
 
 
@@ -78,6 +79,70 @@ def test_two_targets_two_drafters_match_one_plus_one(trainer_argv, tmp_path):
     assert st["phase"] == "completed" and st["step"] == 3 and st["pid"] == os.getpid()
     assert [w["role"] for w in st["workers"]] == ["target worker"] * 2 + ["drafter rank"] * 2
     assert [p.name for p in complete_checkpoints(two / "checkpoints")] == ["step-00000003"]  # rank 0 only
+
+
+def test_drafters_that_serve_train_on_while_the_target_worker_is_stopped(trainer_argv, tmp_path):
+    """--drafter-serves-target: the node's one target worker is SIGSTOPped as soon as it exists, so
+    every micro-batch has to come from the drafter ranks' own replicas. The run finishes, every step
+    reports time served, and the losses are those of the in-process run (1+1 accumulating 2 = 1
+    worker + 2 ranks, as above)."""
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    common = ("--max-steps", "3", "--use-soft-labels", "--save-interval", "100")
+    assert main(trainer_argv(*common, "--grad-accum", "2", out=ref)) == 0
+    argv = trainer_argv(*common, "--grad-accum", "1", "--drafter-gpus", "cpu,cpu", "--drafter-serves-target", out=out)
+    proc = subprocess.Popen([sys.executable, "-m", "flashfleet_trainer.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    worker, deadline = None, time.time() + 60
+    try:
+        while worker is None and time.time() < deadline and proc.poll() is None:
+            try:  # the workers are listed once spawned, seconds before a worker has imported torch
+                worker = [w for w in _workers(out) if w["role"] == "target worker"][0]
+            except (OSError, ValueError, KeyError, IndexError):
+                time.sleep(0.02)
+        assert worker, "no target worker listed in status.json"
+        os.kill(worker["pid"], signal.SIGSTOP)
+        try:
+            while time.time() < deadline + 120 and proc.poll() is None:
+                if (out / "metrics.jsonl").exists() and len(_metrics(out)) >= 3:
+                    break
+                time.sleep(0.2)
+        finally:  # the node waits for its workers to leave: let the stopped one go on
+            os.kill(worker["pid"], signal.SIGCONT)
+        rc = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert rc == 0, proc.stderr.read()
+    a, b = _metrics(ref), _metrics(out)
+    assert [r["step"] for r in b] == [1, 2, 3]
+    assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in a], rel=1e-4)
+    for r in b:  # nothing came from the worker: the ranks' wait was their own serving
+        assert 0 < r["drafter_serve_frac"] <= r["drafter_idle_frac"] <= 1, r
+    for r in a:  # in-process the drafter's device runs the target for all of its wait
+        assert r["drafter_serve_frac"] == pytest.approx(r["drafter_idle_frac"]) and r["drafter_serve_frac"] > 0
+
+
+def test_drafter_serves_target_is_refused_where_the_drafter_runs_the_target_anyway(trainer_argv, capsys):
+    assert main(trainer_argv("--drafter-serves-target", "--check")) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert "--drafter-serves-target with one device" in err and "drop --drafter-serves-target" in err
+
+
+def test_the_planner_counts_what_a_serving_drafter_adds():
+    """The incident's rates (docs/benchmarks.md): every split of 8 is target-bound; with the drafter
+    GPU serving too, its time divides between training x rows and serving x - r of them."""
+    rt, rd, rpt = 9103.0, 26629.0, 0.125
+    table = best_split(8, rt, rd, rpt)
+    seven = table[6]
+    assert seven["targets"] == 7 and seven["bound"] == "target"
+    assert seven["drafter_rows_per_s"] == pytest.approx(7 * rt * rpt)
+    x, r = seven["serving_rows_per_s"], 7 * rt * rpt
+    assert x / rd + (x - r) / (rt * rpt) == pytest.approx(1.0)  # the drafter GPU busy all the time
+    assert x == pytest.approx(8730, abs=1)
+    drafter_bound = best_split(8, 1e7, rd, rpt)[0]  # targets far ahead: serving adds nothing
+    assert drafter_bound["bound"] == "drafter"
+    assert drafter_bound["serving_rows_per_s"] == drafter_bound["drafter_rows_per_s"] == 7 * rd
 
 
 def test_dead_target_worker_ends_the_run_with_a_clear_error(trainer_argv, tmp_path):

@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "rank each (gradients all-reduced); or `cpu` entries")
     t.add_argument("--queue-depth", type=int, default=0, help="micro-batches of hidden states each drafter rank "
                    "keeps requested ahead (bounds the queue; 0 = auto: max(2, 2 x targets / drafters))")
+    t.add_argument("--drafter-serves-target", action="store_true",
+                   help="each drafter rank also loads a target replica on its own device and, while it would "
+                        "wait for hidden states, serves the node's next request itself (the drafter's GPU "
+                        "stops idling in a target-bound split; it needs room for a replica beside the drafter)")
     t.add_argument("--nnodes", type=int, default=1, help="nodes in the run; each runs one dflash-train with the "
                    "same flags except --node-rank")
     t.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1; node 0 hosts the "

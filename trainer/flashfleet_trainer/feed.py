@@ -14,8 +14,12 @@ InProcessFeed: the target lives in the drafter's own process and is called in-li
 micro-batch at a time (one node, one target, one drafter, same device).
 QueueFeed: the target workers are other processes of the node (topology.py); the rank keeps
 --queue-depth requests outstanding on the node's request queue and reads answers from its own.
+With --drafter-serves-target the rank also holds a replica of its own (`local`): whenever no answer
+has come back, it takes the node's next request off the queue and serves it on its own device,
+instead of waiting (a target-bound split's drafter GPU otherwise idles most of each step).
 """
 
+import queue
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,6 +39,7 @@ class Features:
     target_s: float  # seconds a target spent on it
     wait_s: float  # seconds this drafter rank waited for it
     occupancy: float | None = None  # fraction of the queue that was ready when asked (None in-process)
+    serve_s: float = 0.0  # of wait_s, seconds this rank's own device ran the target (for any rank's request)
 
 
 class Feed(Protocol):
@@ -85,7 +90,7 @@ class InProcessFeed(Feed):
         feats, last = self.producer.forward_batch(ids, lengths, want_last=self.want_last)
         _sync(self.devices)
         dt = time.perf_counter() - t0
-        return Features(feats, last, lengths, dt, dt)
+        return Features(feats, last, lengths, dt, dt, serve_s=dt)
 
     def close(self):
         pass
@@ -96,13 +101,21 @@ class QueueFeed(Feed):
 
     requests: the node's one request queue, shared by every target worker and drafter rank;
     replies: this rank's own reply queue. A request is (local_rank, key, ids, lengths); a reply is
-    (key, feats, last, lengths, target seconds), tensors as torch.multiprocessing handles."""
+    (key, feats, last, lengths, target seconds), tensors as torch.multiprocessing handles.
+    local: this rank's own HiddenStateProducer (--drafter-serves-target), or None; it answers a
+    request of another rank on that rank's queue in `all_replies`."""
 
-    def __init__(self, requests, replies, local_rank, depth, device):
+    POLL_S = 0.05  # with a replica of its own: how long to wait for an answer before looking for work
+
+    def __init__(self, requests, replies, local_rank, depth, device, local=None, all_replies=None, want_last=True):
         self.requests, self.replies, self.local_rank = requests, replies, local_rank
         self.depth, self.device = depth, device
+        self.local, self.all_replies, self.want_last = local, all_replies, want_last
         self.ready, self.outstanding = {}, 0  # replies that came before they were asked for; requests in flight
+        self.served = 0  # requests this rank's replica answered
         self.data = self.upcoming = None  # set by start()
+        if local is not None:
+            self.embed_weight, self.lm_head_weight = local.embed_weight, local.lm_head_weight
 
     def start(self, data, upcoming):
         self.data, self.upcoming = data, upcoming
@@ -116,10 +129,14 @@ class QueueFeed(Feed):
             self.outstanding += 1
 
     def get(self, key, idx) -> Features:
-        t0 = time.perf_counter()
+        t0, serve_s = time.perf_counter(), 0.0
         occupancy = min(1.0, (len(self.ready) + self.replies.qsize()) / self.depth)
         while key not in self.ready:  # faster targets answer out of order
-            k, feats, last, lengths, busy = self.replies.get()
+            try:
+                k, feats, last, lengths, busy = self.replies.get(timeout=self.POLL_S if self.local else None)
+            except queue.Empty:  # nothing back yet: serve the next request here rather than wait
+                serve_s += self._serve_one()
+                continue
             self.ready[k] = (feats, last, lengths, busy)
         feats, last, lengths, busy = self.ready.pop(key)
         self.outstanding -= 1
@@ -128,7 +145,30 @@ class QueueFeed(Feed):
         last = last.to(self.device) if last is not None else None
         if self.device != "cpu":
             torch.cuda.synchronize(self.device)
-        return Features(feats, last, lengths, busy, time.perf_counter() - t0, occupancy)
+        return Features(feats, last, lengths, busy, time.perf_counter() - t0, occupancy, serve_s)
+
+    def _serve_one(self) -> float:
+        """Take the node's next request, if any, and answer it with this rank's replica: its own into
+        `ready`, another rank's on that rank's reply queue. Returns the seconds it took (0: none)."""
+        try:
+            req = self.requests.get_nowait()
+        except queue.Empty:
+            return 0.0  # every request is with a target worker: its answer is coming
+        if req is None:  # the node is shutting its targets down: not for this rank, and no more serving
+            self.requests.put(None)
+            self.local = None
+            return 0.0
+        drafter, key, ids, lengths = req
+        t0 = time.perf_counter()
+        feats, last = self.local.forward_batch(ids, lengths, want_last=self.want_last)
+        _sync([self.device])
+        busy = time.perf_counter() - t0
+        self.served += 1
+        if drafter == self.local_rank:
+            self.ready[key] = (feats, last, lengths, busy)
+        else:
+            self.all_replies[drafter].put((key, feats, last, lengths, busy))
+        return busy
 
     def close(self):
         pass

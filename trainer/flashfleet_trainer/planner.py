@@ -11,6 +11,11 @@ real model and data, in one process:
 
 and with k of the node's n devices serving targets and n-k training, the drafter can do at most
 min(k * Rt * rows_per_token, (n-k) * Rd) rows/s. It prints that for every k and the best one.
+With --drafter-serves-target a target-bound split's drafter devices also run the target while
+they would wait: each drafter device of a split that feeds it r < Rd rows/s from the k targets
+divides its time between training (x / Rd) and serving (x - r rows' worth of target work,
+(x - r) / (Rt * rows_per_token)), so x = Rd (Rt * rows_per_token + r) / (Rt * rows_per_token + Rd).
+The table gives that figure beside each split; the advice takes the better of the two.
 It assumes devices are alike and that the hidden-state copy between devices is free (on one
 NVLink node it is small next to either side's compute). The first step is a warm-up, not counted.
 """
@@ -33,13 +38,18 @@ def node_devices(plan: Plan) -> list[str]:
 
 
 def best_split(n: int, target_tok_s: float, drafter_rows_s: float, rows_per_token: float) -> list[dict]:
-    """One row per k = target devices (1..n-1): the drafter rows/s that split allows and its bound."""
+    """One row per k = target devices (1..n-1): the drafter rows/s that split allows, its bound, and
+    the rows/s with --drafter-serves-target (the module docstring's x, times the drafters)."""
     rows = []
+    one_target = target_tok_s * rows_per_token  # rows/s one target device can feed
     for k in range(1, n):
-        supply = k * target_tok_s * rows_per_token  # rows/s the targets can feed
+        supply = k * one_target  # rows/s the targets can feed
         demand = (n - k) * drafter_rows_s  # rows/s the drafters can train
+        fed = supply / (n - k)  # each drafter device's share
+        serving = (n - k) * drafter_rows_s * (one_target + fed) / (one_target + drafter_rows_s)
         rows.append({"targets": k, "drafters": n - k, "drafter_rows_per_s": min(supply, demand),
-                     "bound": "target" if supply < demand else "drafter"})
+                     "bound": "target" if supply < demand else "drafter",
+                     "serving_rows_per_s": max(min(supply, demand), min(serving, demand))})
     return rows
 
 
@@ -70,15 +80,20 @@ def run_plan(args, plan: Plan, log) -> int:
         return 0
     table = best_split(len(devs), rt, rd, rpt)
     for row in table:
+        serving = (f"; {row['serving_rows_per_s']:,.0f} with --drafter-serves-target"
+                   if row["serving_rows_per_s"] > row["drafter_rows_per_s"] else "")
         log(f"plan:   {row['targets']} target + {row['drafters']} drafter: {row['drafter_rows_per_s']:,.0f} "
-            f"drafter rows/s ({row['bound']}-bound)")
-    best = max(table, key=lambda r: r["drafter_rows_per_s"])
-    k = best["targets"]
+            f"drafter rows/s ({row['bound']}-bound){serving}")
+    best = max(table, key=lambda r: r["serving_rows_per_s"])
+    k, serve = best["targets"], best["serving_rows_per_s"] > best["drafter_rows_per_s"]
     if devs[0] == "cpu":
         flags = f"--target-gpus {','.join(['cpu'] * k)} --drafter-gpus {','.join(['cpu'] * (len(devs) - k))}"
     else:
         ids = [d.split(":")[1] for d in devs]
         flags = f"--target-gpus {','.join(ids[:k])} --drafter-gpus {','.join(ids[k:])}"
+    if serve:  # the replica beside the drafter needs the memory of both on each drafter device
+        flags += (" --drafter-serves-target (each drafter device then also holds a target replica: "
+                  f"room for it beside the drafter's peak {peak:.1f} GiB)")
     log(f"plan: best split of {len(devs)} device(s): {k} target + {len(devs) - k} drafter, about "
-        f"{best['drafter_rows_per_s']:,.0f} drafter rows/s ({best['bound']}-bound): {flags}")
+        f"{best['serving_rows_per_s']:,.0f} drafter rows/s ({best['bound']}-bound): {flags}")
     return 0

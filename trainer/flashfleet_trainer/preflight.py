@@ -289,7 +289,9 @@ def check_devices(args, target_devices, drafter_devices) -> None:
     a target and a drafter only in the in-process layout (one node, one target and one drafter on
     that one device, called in-line). Any other overlap would put a target worker and a drafter
     rank on one GPU as two processes with a CUDA context and a share of memory each, which the
-    topology does not do: refused."""
+    topology does not do: refused; --drafter-serves-target is the way to have a drafter's GPU run
+    the target too. That flag in the in-process layout would be a second replica on the one device:
+    refused as well."""
     if args.nnodes > 1 and "cpu" in drafter_devices and "cpu" not in target_devices:
         raise ConfigError("--drafter-gpus cpu with GPU targets", "put targets and drafters on the same kind of device")
     shared = [d.split(":")[1] for d in drafter_devices if d != "cpu" and d in target_devices]
@@ -298,7 +300,12 @@ def check_devices(args, target_devices, drafter_devices) -> None:
         raise ConfigError(f"--drafter-gpus {args.drafter_gpus} overlaps --target-gpus {args.target_gpus} on GPU(s) "
                           f"{','.join(shared)}: only one target and one drafter on one node may share a GPU "
                           "(in one process)", "give the drafter ranks GPUs of their own (e.g. --target-gpus 0,1,2,3,4,5,6 "
-                          "--drafter-gpus 7), or one GPU for both on one node")
+                          "--drafter-gpus 7, and --drafter-serves-target for the drafter's GPU to run the target "
+                          "while it would wait), or one GPU for both on one node")
+    if in_process and getattr(args, "drafter_serves_target", False):
+        raise ConfigError("--drafter-serves-target with one device for target and drafter: the drafter already "
+                          "runs the target on that device, in its own process",
+                          "drop --drafter-serves-target, or give the targets devices of their own")
 
 
 def preflight_teacher_fp8(args, vocab: int, hidden: int, drafter_devices) -> str | None:

@@ -3,6 +3,7 @@
     dflash-train (main process: rendezvous, sd_notify, SIGTERM, watching)
       |- target worker i   one per --target-gpus entry: loads a target replica, serves requests
       |- drafter rank j    one per --drafter-gpus entry: a Trainer; ranks all-reduce gradients
+                           (with --drafter-serves-target it holds a target replica too, below)
 
 Hidden states (the rank's side is feed.QueueFeed). Each drafter rank asks for the micro-batches
 it will train on, up to --queue-depth ahead, on ONE request queue that every target worker of
@@ -10,6 +11,9 @@ the node takes from (so a free target always takes the next request, and faster 
 more). The answer comes back on the rank's own reply queue. Tensors travel as torch.multiprocessing handles, never as pickled
 data: CPU tensors as shared memory, CUDA tensors as CUDA IPC handles, which the rank copies
 device-to-device onto its own GPU. The queue is bounded by the number of outstanding requests.
+With --drafter-serves-target each drafter rank also loads a replica on its own device and takes
+requests off the same queue whenever it would otherwise wait (feed.QueueFeed): in a target-bound
+split (the incident's 7 + 1) the drafter's GPU then runs the target in the time it sat idle.
 
 Failure. Children die with the main process (PR_SET_PDEATHSIG). The main process waits on all
 children's sentinels: a target or drafter that exits before the drafters finished takes the run
@@ -105,15 +109,16 @@ class QueueNotifier(Notifier):
 
 # ---- target worker ---------------------------------------------------------------------------
 
-def load_target(index, device, args, layer_ids, events):
-    """A target worker's producer, loaded; the main process is told, and, when the layers compile in
-    the first micro-batch, why that one will be slow (its status line)."""
+def load_target(index, name, device, args, layer_ids, events):
+    """A target replica's producer (a worker's, or a serving drafter rank's: `name`), loaded; the main
+    process is told, and, when the layers compile in the first micro-batch, why that one will be
+    slow (its status line)."""
     from .model import HiddenStateProducer, compile_note
 
     producer = HiddenStateProducer.for_training(args, [device], layer_ids, device)
     events.put(("loaded", index))
     if producer.compiled_layers:
-        events.put(("status", f"target worker {index}: {compile_note(producer.compiled_layers)}"))
+        events.put(("status", f"{name}: {compile_note(producer.compiled_layers)}"))
     return producer
 
 
@@ -126,7 +131,7 @@ def target_worker(index, device, args, layer_ids, want_last, requests, replies, 
         _cpu_threads(n_procs)
     else:
         torch.cuda.set_device(device)
-    producer = load_target(index, device, args, layer_ids, events)
+    producer = load_target(index, f"target worker {index}", device, args, layer_ids, events)
     for q in replies:
         q.cancel_join_thread()  # replies nobody reads any more must not block this process's exit
     while True:
@@ -144,7 +149,7 @@ def target_worker(index, device, args, layer_ids, want_last, requests, replies, 
 
 # ---- drafter rank ----------------------------------------------------------------------------
 
-def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, requests, reply_q, events,
+def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, requests, replies, events,
                  stop_event, main_pid, depth, n_procs, crashed_at):
     """One data-parallel drafter rank in its own process. Exit code: 0, 78 (config), 65 (a non-finite
     loss: every rank sees the same all-reduced one and stops at the same step), 1 (crash)."""
@@ -167,7 +172,12 @@ def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, req
             # dead peers are detected by the main processes, not by this timeout.
             dist.init_process_group("gloo" if device == "cpu" else "nccl", store=dist.PrefixStore("drafters", store),
                                     rank=rank, world_size=world, timeout=datetime.timedelta(hours=1))
-        feed = QueueFeed(requests, reply_q, local_rank, depth, device)
+        local = None
+        if getattr(args, "drafter_serves_target", False):  # a replica of its own, counted after the node's target workers
+            local = load_target(len(plan.target_devices) + local_rank, f"drafter rank {rank}'s target", device, args,
+                                plan.layer_ids, events)
+        feed = QueueFeed(requests, replies[local_rank], local_rank, depth, device, local=local, all_replies=replies,
+                         want_last=args.use_soft_labels)
         r = Rank(rank=rank, world=world, local_rank=local_rank, n_targets=n_targets,
                  notifier=QueueNotifier(events) if local_rank == 0 else Notifier.null(), stop_event=stop_event,
                  main_pid=main_pid)
@@ -210,6 +220,8 @@ class Node:
     def __init__(self, args, plan, log):
         self.args, self.plan, self.log = args, plan, log
         self.T, self.D = len(plan.target_devices), len(plan.drafter_devices)
+        # Target replicas on this node: one per worker, and one in each drafter rank that serves.
+        self.replicas = self.T + (self.D if getattr(args, "drafter_serves_target", False) else 0)
         self.world = args.nnodes * self.D
         self.node = args.node_rank
         self.main = self.node == 0  # global rank 0 lives here: status.json is this node's to write
@@ -218,7 +230,7 @@ class Node:
         self.store = None  # the c10d TCPStore (set in rendezvous; None for a single rank)
         self.endpoint = None  # the rendezvous address (across nodes)
         self.beats = None  # once all have joined: {other node: (its last heartbeat seen, monotonic time seen)}
-        self.n_targets_total = self.T  # target workers in the whole run (rendezvous counts other nodes')
+        self.n_targets_total = self.replicas  # target replicas in the whole run (rendezvous counts other nodes')
         # Set in spawn: the queues and shared state every child gets, and the children themselves.
         self.requests = self.events = self.stop = self.crashed_at = None
         self.replies = []
@@ -248,7 +260,7 @@ class Node:
                    f"and every node starts again from the newest checkpoint")
             self._publish_failure(self.node, why)
             raise TopologyError(why)
-        me = {"host": socket.gethostname(), "targets": self.T, "drafters": self.D}
+        me = {"host": socket.gethostname(), "targets": self.replicas, "drafters": self.D}
         self._beat()
         self.store.set(f"join/{self.node}", json.dumps(me))
         keys = [f"join/{i}" for i in range(a.nnodes)]
@@ -265,7 +277,7 @@ class Node:
                               "give every node the same --drafter-gpus count")
         self.n_targets_total = sum(n["targets"] for n in nodes)
         self.log(f"node {self.node}: all {a.nnodes} nodes joined ({', '.join(n['host'] for n in nodes)}); "
-                 f"{self.n_targets_total} target worker(s), {self.world} drafter rank(s) in all")
+                 f"{self.n_targets_total} target replica(s), {self.world} drafter rank(s) in all")
         if self.main:
             self.store.set("started", "1")
         self.beats = {i: (None, time.monotonic()) for i in range(a.nnodes) if i != self.node}
@@ -289,7 +301,7 @@ class Node:
         for j, dev in enumerate(p.drafter_devices):
             rank = self.node * self.D + j
             proc = ctx.Process(target=drafter_rank, name=f"drafter-{rank}", args=(
-                j, rank, self.world, self.n_targets_total, a, child_plan, store_addr, self.requests, self.replies[j],
+                j, rank, self.world, self.n_targets_total, a, child_plan, store_addr, self.requests, self.replies,
                 self.events, self.stop, os.getpid(), depth, n_procs, self.crashed_at))
             proc.start()
             self.children.append(("drafter rank", rank, dev, rank, proc))
@@ -389,7 +401,7 @@ class Node:
                     break
                 if kind == "loaded":
                     loaded.add(value)
-                    self.notifier.status(f"target {len(loaded)}/{self.T} loaded")
+                    self.notifier.status(f"target {len(loaded)}/{self.replicas} loaded")
                 elif kind == "status":
                     self.notifier.status(value)
                 elif kind == "ready":
@@ -398,7 +410,7 @@ class Node:
                     self.notifier.watchdog()
                 elif kind == "stopping":
                     self.notifier.stopping()
-            if ready_pending and not ready_sent and len(loaded) == self.T:
+            if ready_pending and not ready_sent and len(loaded) == self.replicas:
                 self.notifier.ready(ready_pending)  # every rank has joined and stepped, every target loaded
                 ready_sent = True
             for sentinel, (role, i, dev, rank, proc) in list(procs.items()):

@@ -27,7 +27,9 @@ STEP_KEYS = (
     "target_tokens_per_s", "drafter_rows_per_s",  # capacity: rates while busy
     "step_tokens_per_s", "step_rows_per_s",  # delivered: per wall-clock second of the step
     "target_s", "drafter_s", "step_s",
-    "queue_occupancy", "target_idle_frac", "drafter_idle_frac", "peak_mem_bytes",
+    "queue_occupancy", "target_idle_frac", "drafter_idle_frac",
+    "drafter_serve_frac",  # of drafter_idle_frac, the part the drafters' own devices ran the target
+    "peak_mem_bytes",
 )
 # An evaluation (speculative decoding against the target; flashfleet_trainer.evaluate): `eval` is
 # "interval" (every --eval-interval steps) or "final"; tau_pooled = all committed tokens / all

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+import torch
 from flashfleet_trainer.checkpoint import complete_checkpoints
 from flashfleet_trainer.cli import main
 from flashfleet_trainer.config import EX_CONFIG, parse_devices
@@ -81,21 +82,17 @@ def test_two_targets_two_drafters_match_one_plus_one(trainer_argv, tmp_path):
     assert [p.name for p in complete_checkpoints(two / "checkpoints")] == ["step-00000003"]  # rank 0 only
 
 
-def test_drafters_that_serve_train_on_while_the_target_worker_is_stopped(trainer_argv, tmp_path):
-    """--drafter-serves-target: the node's one target worker is SIGSTOPped as soon as it exists, so
-    every micro-batch has to come from the drafter ranks' own replicas. The run finishes, every step
-    reports time served, and the losses are those of the in-process run (1+1 accumulating 2 = 1
-    worker + 2 ranks, as above)."""
-    ref, out = tmp_path / "ref", tmp_path / "run"
-    common = ("--max-steps", "3", "--use-soft-labels", "--save-interval", "100")
-    assert main(trainer_argv(*common, "--grad-accum", "2", out=ref)) == 0
-    argv = trainer_argv(*common, "--grad-accum", "1", "--drafter-gpus", "cpu,cpu", "--drafter-serves-target", out=out)
-    proc = subprocess.Popen([sys.executable, "-m", "flashfleet_trainer.cli", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def _served_run(argv, out):
+    """dflash-train with --drafter-serves-target as a real process whose one target worker is
+    SIGSTOPped as soon as status.json lists it (seconds before it has imported torch), so every
+    micro-batch has to come from the drafter ranks' own replicas; resumed once 3 steps are logged
+    (the node waits for its workers to leave). Returns the exit code and stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "flashfleet_trainer.cli", *argv, "--drafter-serves-target"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     worker, deadline = None, time.time() + 60
     try:
         while worker is None and time.time() < deadline and proc.poll() is None:
-            try:  # the workers are listed once spawned, seconds before a worker has imported torch
+            try:
                 worker = [w for w in _workers(out) if w["role"] == "target worker"][0]
             except (OSError, ValueError, KeyError, IndexError):
                 time.sleep(0.02)
@@ -106,14 +103,17 @@ def test_drafters_that_serve_train_on_while_the_target_worker_is_stopped(trainer
                 if (out / "metrics.jsonl").exists() and len(_metrics(out)) >= 3:
                     break
                 time.sleep(0.2)
-        finally:  # the node waits for its workers to leave: let the stopped one go on
+        finally:
             os.kill(worker["pid"], signal.SIGCONT)
         rc = proc.wait(120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert rc == 0, proc.stderr.read()
+    return rc, proc.stderr.read()
+
+
+def _check_served(ref, out):
     a, b = _metrics(ref), _metrics(out)
     assert [r["step"] for r in b] == [1, 2, 3]
     assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in a], rel=1e-4)
@@ -121,6 +121,32 @@ def test_drafters_that_serve_train_on_while_the_target_worker_is_stopped(trainer
         assert 0 < r["drafter_serve_frac"] <= r["drafter_idle_frac"] <= 1, r
     for r in a:  # in-process the drafter's device runs the target for all of its wait
         assert r["drafter_serve_frac"] == pytest.approx(r["drafter_idle_frac"]) and r["drafter_serve_frac"] > 0
+
+
+SERVED_STEPS = ("--max-steps", "3", "--use-soft-labels", "--save-interval", "100")
+
+
+def test_drafters_that_serve_train_on_while_the_target_worker_is_stopped(trainer_argv, tmp_path):
+    """--drafter-serves-target with the only target worker stopped: the run finishes on the drafter
+    ranks' replicas with the in-process run's losses (1+1 accumulating 2 = 1 worker + 2 ranks)."""
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert main(trainer_argv(*SERVED_STEPS, "--grad-accum", "2", out=ref)) == 0
+    rc, err = _served_run(trainer_argv(*SERVED_STEPS, "--drafter-gpus", "cpu,cpu", out=out), out)
+    assert rc == 0, err
+    _check_served(ref, out)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_drafter_serves_from_its_own_replica(trainer_argv, tmp_path):
+    """The same on a GPU: the rank's replica and its features on cuda:0 (bf16, the LM head and
+    embedding borrowed from it), the stopped worker on the CPU; the in-process run on cuda:0 is the
+    reference."""
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    gpu = ("--drafter-gpus", "0")
+    assert main(trainer_argv(*SERVED_STEPS, *gpu, "--target-gpus", "0", out=ref)) == 0
+    rc, err = _served_run(trainer_argv(*SERVED_STEPS, *gpu, out=out), out)
+    assert rc == 0, err
+    _check_served(ref, out)
 
 
 def test_drafter_serves_target_is_refused_where_the_drafter_runs_the_target_anyway(trainer_argv, capsys):

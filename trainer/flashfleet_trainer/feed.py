@@ -105,7 +105,7 @@ class QueueFeed(Feed):
     local: this rank's own HiddenStateProducer (--drafter-serves-target), or None; it answers a
     request of another rank on that rank's queue in `all_replies`."""
 
-    POLL_S = 0.05  # with a replica of its own: how long to wait for an answer before looking for work
+    POLL_S = 0.05  # with a replica of its own and no request left to serve: how long to wait for an answer
 
     def __init__(self, requests, replies, local_rank, depth, device, local=None, all_replies=None, want_last=True):
         self.requests, self.replies, self.local_rank = requests, replies, local_rank
@@ -132,11 +132,18 @@ class QueueFeed(Feed):
         t0, serve_s = time.perf_counter(), 0.0
         occupancy = min(1.0, (len(self.ready) + self.replies.qsize()) / self.depth)
         while key not in self.ready:  # faster targets answer out of order
-            try:
-                k, feats, last, lengths, busy = self.replies.get(timeout=self.POLL_S if self.local else None)
-            except queue.Empty:  # nothing back yet: serve the next request here rather than wait
-                serve_s += self._serve_one()
-                continue
+            try:  # with a replica: an answer already back, else work (without waiting), else a short wait
+                reply = self.replies.get(block=self.local is None)
+            except queue.Empty:
+                served = self._serve_one()
+                serve_s += served
+                if served:
+                    continue
+                try:
+                    reply = self.replies.get(timeout=self.POLL_S)
+                except queue.Empty:
+                    continue
+            k, feats, last, lengths, busy = reply
             self.ready[k] = (feats, last, lengths, busy)
         feats, last, lengths, busy = self.ready.pop(key)
         self.outstanding -= 1

@@ -16,8 +16,6 @@ from flashfleet_trainer.feed import QueueFeed
 class Replica:
     """A producer stand-in: features = the ids (float) repeated over 3 channels; counts its calls."""
 
-    embed_weight = lm_head_weight = torch.zeros(1)
-
     def __init__(self):
         self.calls = []
 
@@ -67,7 +65,7 @@ def test_with_no_answer_back_the_rank_serves_its_own_requests_in_order():
     for index in range(4):
         got = get(f, (0, index))
         assert torch.equal(got.feats, expected(index)), index
-        assert got.last is not None and got.serve_s > 0 and got.serve_s <= got.wait_s
+        assert got.last is not None and got.by_drafter and 0 < got.serve_s <= got.wait_s
     assert f.served == 4 and len(replica.calls) == 4
     assert f.requests.qsize() == 2  # the queue stays filled to the depth
 
@@ -80,8 +78,9 @@ def test_another_ranks_request_is_answered_on_its_queue():
     f.start(Data(), upcoming())
     got = get(f, (0, 0))
     assert torch.equal(got.feats, expected(0))
-    key, feats, last, lengths, busy = replies[1].get_nowait()
+    key, feats, last, lengths, busy, by_drafter = replies[1].get_nowait()
     assert key == (0, 99) and torch.equal(feats, theirs.float()[..., None].expand(-1, -1, 3)) and busy >= 0
+    assert by_drafter
     assert f.served == 2 and replies[0].empty()
 
 
@@ -90,9 +89,9 @@ def test_an_answer_already_back_is_used_and_no_request_is_taken():
     f, replies = feed_for(local=replica)
     f.start(Data(), upcoming())
     mine = torch.full((2, 4, 3), 5.0)
-    replies[0].put(((0, 0), mine, None, torch.tensor([4, 4]), 0.25))
+    replies[0].put(((0, 0), mine, None, torch.tensor([4, 4]), 0.25, False))
     got = get(f, (0, 0))
-    assert torch.equal(got.feats, mine) and got.target_s == 0.25 and got.serve_s == 0
+    assert torch.equal(got.feats, mine) and got.target_s == 0.25 and got.serve_s == 0 and not got.by_drafter
     assert f.served == 0 and replica.calls == []
     assert f.requests.qsize() == 3  # its two, and the one that refilled the answered slot
 
@@ -100,20 +99,7 @@ def test_an_answer_already_back_is_used_and_no_request_is_taken():
 def test_without_a_replica_the_rank_only_waits():
     f, replies = feed_for(local=None)
     f.start(Data(), upcoming())
-    threading.Timer(0.3, replies[0].put, args=(((0, 0), torch.ones(2, 4, 3), None, torch.tensor([4, 4]), 0.1),)).start()
+    threading.Timer(0.3, replies[0].put, args=(((0, 0), torch.ones(2, 4, 3), None, torch.tensor([4, 4]), 0.1, False),)).start()
     got = get(f, (0, 0))
-    assert torch.equal(got.feats, torch.ones(2, 4, 3)) and got.serve_s == 0 and got.wait_s >= 0.25
+    assert torch.equal(got.feats, torch.ones(2, 4, 3)) and got.serve_s == 0 and got.wait_s > 0
     assert f.requests.qsize() == 3
-
-
-def test_the_shutdown_marker_is_left_for_the_workers_and_ends_serving():
-    replica = Replica()
-    f, replies = feed_for(local=replica)
-    f.requests.put(None)  # the node telling its target workers to leave
-    f.start(Data(), upcoming())
-    threading.Timer(0.3, replies[0].put, args=(((0, 0), torch.ones(2, 4, 3), None, torch.tensor([4, 4]), 0.1),)).start()
-    got = get(f, (0, 0))
-    assert torch.equal(got.feats, torch.ones(2, 4, 3))
-    assert f.local is None and replica.calls == [] and f.served == 0
-    left = [f.requests.get_nowait() for _ in range(f.requests.qsize())]
-    assert None in left and len(left) == 4  # the marker put back, and the rank's three requests

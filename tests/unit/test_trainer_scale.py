@@ -15,6 +15,7 @@ from flashfleet_trainer.checkpoint import complete_checkpoints
 from flashfleet_trainer.cli import main
 from flashfleet_trainer.config import EX_CONFIG, parse_devices
 from flashfleet_trainer.planner import best_split
+from flashfleet_trainer.preflight import memory_need
 from safetensors.torch import load_file
 
 
@@ -117,10 +118,10 @@ def _check_served(ref, out):
     a, b = _metrics(ref), _metrics(out)
     assert [r["step"] for r in b] == [1, 2, 3]
     assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in a], rel=1e-4)
-    for r in b:  # nothing came from the worker: the ranks' wait was their own serving
+    for r in b:  # nothing came from the worker: the ranks' wait was their own serving, the worker idle
         assert 0 < r["drafter_serve_frac"] <= r["drafter_idle_frac"] <= 1, r
-    for r in a:  # in-process the drafter's device runs the target for all of its wait
-        assert r["drafter_serve_frac"] == pytest.approx(r["drafter_idle_frac"]) and r["drafter_serve_frac"] > 0
+        assert r["target_idle_frac"] == pytest.approx(1.0, abs=0.05), r
+    assert all(r["drafter_serve_frac"] == 0 for r in a)  # in-process there is no queue to serve
 
 
 SERVED_STEPS = ("--max-steps", "3", "--use-soft-labels", "--save-interval", "100")
@@ -153,6 +154,15 @@ def test_drafter_serves_target_is_refused_where_the_drafter_runs_the_target_anyw
     assert main(trainer_argv("--drafter-serves-target", "--check")) == EX_CONFIG
     err = capsys.readouterr().err
     assert "--drafter-serves-target with one device" in err and "drop --drafter-serves-target" in err
+
+
+def test_a_serving_drafter_device_is_counted_a_replica_in_the_memory_check():
+    gpus = ["cuda:0", "cuda:1"]
+    plain = memory_need(1e9, 1e8, gpus[:1], gpus[1:])
+    serving = memory_need(1e9, 1e8, gpus, gpus[1:])
+    assert plain == {"cuda:0": pytest.approx(2.2e9), "cuda:1": pytest.approx(1.6e9)}
+    assert serving == {"cuda:0": pytest.approx(2.2e9), "cuda:1": pytest.approx(2.2e9 + 1.6e9)}
+    assert memory_need(1e9, 1e8, ["cpu", "cpu"], ["cpu"]) == {"cpu": pytest.approx(2 * 4.4e9 + 1.6e9)}
 
 
 def test_the_planner_counts_what_a_serving_drafter_adds():

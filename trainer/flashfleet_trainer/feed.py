@@ -39,7 +39,8 @@ class Features:
     target_s: float  # seconds a target spent on it
     wait_s: float  # seconds this drafter rank waited for it
     occupancy: float | None = None  # fraction of the queue that was ready when asked (None in-process)
-    serve_s: float = 0.0  # of wait_s, seconds this rank's own device ran the target (for any rank's request)
+    serve_s: float = 0.0  # of wait_s, seconds this rank's replica served the queue (--drafter-serves-target)
+    by_drafter: bool = False  # a drafter rank's replica served it (--drafter-serves-target), not a target worker
 
 
 class Feed(Protocol):
@@ -90,7 +91,7 @@ class InProcessFeed(Feed):
         feats, last = self.producer.forward_batch(ids, lengths, want_last=self.want_last)
         _sync(self.devices)
         dt = time.perf_counter() - t0
-        return Features(feats, last, lengths, dt, dt, serve_s=dt)
+        return Features(feats, last, lengths, dt, dt)
 
     def close(self):
         pass
@@ -101,7 +102,7 @@ class QueueFeed(Feed):
 
     requests: the node's one request queue, shared by every target worker and drafter rank;
     replies: this rank's own reply queue. A request is (local_rank, key, ids, lengths); a reply is
-    (key, feats, last, lengths, target seconds), tensors as torch.multiprocessing handles.
+    (key, feats, last, lengths, target seconds, by a drafter rank), tensors as torch.multiprocessing handles.
     local: this rank's own HiddenStateProducer (--drafter-serves-target), or None; it answers a
     request of another rank on that rank's queue in `all_replies`."""
 
@@ -114,8 +115,6 @@ class QueueFeed(Feed):
         self.ready, self.outstanding = {}, 0  # replies that came before they were asked for; requests in flight
         self.served = 0  # requests this rank's replica answered
         self.data = self.upcoming = None  # set by start()
-        if local is not None:
-            self.embed_weight, self.lm_head_weight = local.embed_weight, local.lm_head_weight
 
     def start(self, data, upcoming):
         self.data, self.upcoming = data, upcoming
@@ -143,38 +142,33 @@ class QueueFeed(Feed):
                     reply = self.replies.get(timeout=self.POLL_S)
                 except queue.Empty:
                     continue
-            k, feats, last, lengths, busy = reply
-            self.ready[k] = (feats, last, lengths, busy)
-        feats, last, lengths, busy = self.ready.pop(key)
+            self.ready[reply[0]] = reply[1:]
+        feats, last, lengths, busy, by_drafter = self.ready.pop(key)
         self.outstanding -= 1
         self._fill()
         feats = feats.to(self.device)  # device-to-device when the target sits on another GPU
         last = last.to(self.device) if last is not None else None
         if self.device != "cpu":
             torch.cuda.synchronize(self.device)
-        return Features(feats, last, lengths, busy, time.perf_counter() - t0, occupancy, serve_s)
+        return Features(feats, last, lengths, busy, time.perf_counter() - t0, occupancy, serve_s, by_drafter)
 
     def _serve_one(self) -> float:
         """Take the node's next request, if any, and answer it with this rank's replica: its own into
         `ready`, another rank's on that rank's reply queue. Returns the seconds it took (0: none)."""
-        try:
-            req = self.requests.get_nowait()
+        try:  # a worker waiting in get() holds the queue's read lock, so idle workers are served first
+            drafter, key, ids, lengths = self.requests.get_nowait()
         except queue.Empty:
-            return 0.0  # every request is with a target worker: its answer is coming
-        if req is None:  # the node is shutting its targets down: not for this rank, and no more serving
-            self.requests.put(None)
-            self.local = None
-            return 0.0
-        drafter, key, ids, lengths = req
+            return 0.0  # every request is with a target worker (or about to be): its answer is coming
+        _sync([self.device])  # this rank's queued work first, so `busy` is the target's alone
         t0 = time.perf_counter()
         feats, last = self.local.forward_batch(ids, lengths, want_last=self.want_last)
         _sync([self.device])
         busy = time.perf_counter() - t0
         self.served += 1
         if drafter == self.local_rank:
-            self.ready[key] = (feats, last, lengths, busy)
+            self.ready[key] = (feats, last, lengths, busy, True)
         else:
-            self.all_replies[drafter].put((key, feats, last, lengths, busy))
+            self.all_replies[drafter].put((key, feats, last, lengths, busy, True))
         return busy
 
     def close(self):

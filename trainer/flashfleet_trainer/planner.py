@@ -91,9 +91,12 @@ def run_plan(args, plan: Plan, log) -> int:
     else:
         ids = [d.split(":")[1] for d in devs]
         flags = f"--target-gpus {','.join(ids[:k])} --drafter-gpus {','.join(ids[k:])}"
-    if serve:  # the replica beside the drafter needs the memory of both on each drafter device
-        flags += (" --drafter-serves-target (each drafter device then also holds a target replica: "
-                  f"room for it beside the drafter's peak {peak:.1f} GiB)")
+    if serve:
+        flags += " --drafter-serves-target"
+    bound = "the drafters serving too" if serve else f"{best['bound']}-bound"
     log(f"plan: best split of {len(devs)} device(s): {k} target + {len(devs) - k} drafter, about "
-        f"{best['serving_rows_per_s']:,.0f} drafter rows/s ({best['bound']}-bound): {flags}")
+        f"{best['serving_rows_per_s']:,.0f} drafter rows/s ({bound}): {flags}")
+    if serve:
+        log(f"plan: with --drafter-serves-target each drafter device also holds a target replica: it needs room "
+            f"for one beside the drafter's peak of {peak:.1f} GiB")
     return 0

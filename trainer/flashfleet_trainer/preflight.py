@@ -302,10 +302,23 @@ def check_devices(args, target_devices, drafter_devices) -> None:
                           "(in one process)", "give the drafter ranks GPUs of their own (e.g. --target-gpus 0,1,2,3,4,5,6 "
                           "--drafter-gpus 7, and --drafter-serves-target for the drafter's GPU to run the target "
                           "while it would wait), or one GPU for both on one node")
-    if in_process and getattr(args, "drafter_serves_target", False):
+    if in_process and args.drafter_serves_target:
         raise ConfigError("--drafter-serves-target with one device for target and drafter: the drafter already "
                           "runs the target on that device, in its own process",
                           "drop --drafter-serves-target, or give the targets devices of their own")
+
+
+def memory_need(target_params, drafter_params, replica_devices, drafter_devices) -> dict[str, float]:
+    """Bytes of weights and optimizer state per device: a target replica in its compute dtype (fp32 on
+    the CPU, bf16 on a GPU, 10% over) on each of `replica_devices` (the target devices, and the
+    drafter devices with --drafter-serves-target), and the drafter's fp32 parameters, gradients and
+    AdamW moments (16 bytes a parameter) on each drafter device. Activations are not counted."""
+    need = {}
+    for d in replica_devices:
+        need[d] = need.get(d, 0) + target_params * (4 if d == "cpu" else 2) * 1.1
+    for d in drafter_devices:
+        need[d] = need.get(d, 0) + drafter_params * 16
+    return need
 
 
 def preflight_teacher_fp8(args, vocab: int, hidden: int, drafter_devices) -> str | None:
@@ -560,23 +573,21 @@ def preflight(args) -> Plan:
         params = _model_bytes(model_dir) / stored_per_param
     drafter_params = dcfg.num_params()
     replica = params * 2 * 1.1
-    for d in dict.fromkeys(d for d in target_devices if d != "cpu"):
+    # With --drafter-serves-target every drafter device holds a replica too.
+    replica_devices = target_devices + (drafter_devices if args.drafter_serves_target else [])
+    for d in dict.fromkeys(d for d in replica_devices if d != "cpu"):
         total = torch.cuda.get_device_properties(int(d.split(":")[1])).total_memory
         if replica > total:
             raise ConfigError(f"one target replica needs about {replica / 2**30:.1f} GiB in bf16 but {d} has "
                               f"{total / 2**30:.1f} GiB in all: a target that does not fit one GPU needs tensor "
                               "parallelism or a serving engine, which this trainer does not do yet",
                               "use GPUs with more memory or a smaller target")
-    need = {}
-    for d in target_devices:
-        need[d] = need.get(d, 0) + params * (4 if d == "cpu" else 2) * 1.1
-    for d in drafter_devices:
-        need[d] = need.get(d, 0) + drafter_params * 16
-    for d, b in need.items():
+    for d, b in memory_need(params, drafter_params, replica_devices, drafter_devices).items():
         free = _mem_available_bytes() if d == "cpu" else torch.cuda.mem_get_info(int(d.split(":")[1]))[0]
         if b > free:
+            serving = " or drop --drafter-serves-target" if args.drafter_serves_target and d in drafter_devices else ""
             raise ConfigError(f"{d} needs about {b / 2**30:.1f} GiB for weights and optimizer state but "
-                              f"{free / 2**30:.1f} GiB is free", "use more/larger GPUs or fewer draft layers")
+                              f"{free / 2**30:.1f} GiB is free", f"use more/larger GPUs or fewer draft layers{serving}")
     summary.append(f"memory estimate: target {params / 1e6:.1f}M params, drafter ~{drafter_params / 1e6:.1f}M "
                    "trainable; fits free memory (activations not counted)")
 

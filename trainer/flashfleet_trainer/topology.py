@@ -143,7 +143,7 @@ def target_worker(index, device, args, layer_ids, want_last, requests, replies, 
         feats, last = producer.forward_batch(ids, lengths, want_last=want_last)
         if device != "cpu":
             torch.cuda.synchronize(device)
-        replies[drafter].put((key, feats, last, lengths, time.perf_counter() - t0))
+        replies[drafter].put((key, feats, last, lengths, time.perf_counter() - t0, False))
         del feats, last
 
 
@@ -173,7 +173,7 @@ def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, req
             dist.init_process_group("gloo" if device == "cpu" else "nccl", store=dist.PrefixStore("drafters", store),
                                     rank=rank, world_size=world, timeout=datetime.timedelta(hours=1))
         local = None
-        if getattr(args, "drafter_serves_target", False):  # a replica of its own, counted after the node's target workers
+        if args.drafter_serves_target:  # a replica of its own, counted after the node's target workers
             local = load_target(len(plan.target_devices) + local_rank, f"drafter rank {rank}'s target", device, args,
                                 plan.layer_ids, events)
         feed = QueueFeed(requests, replies[local_rank], local_rank, depth, device, local=local, all_replies=replies,
@@ -221,7 +221,7 @@ class Node:
         self.args, self.plan, self.log = args, plan, log
         self.T, self.D = len(plan.target_devices), len(plan.drafter_devices)
         # Target replicas on this node: one per worker, and one in each drafter rank that serves.
-        self.replicas = self.T + (self.D if getattr(args, "drafter_serves_target", False) else 0)
+        self.replicas = self.T + (self.D if args.drafter_serves_target else 0)
         self.world = args.nnodes * self.D
         self.node = args.node_rank
         self.main = self.node == 0  # global rank 0 lives here: status.json is this node's to write
@@ -230,7 +230,7 @@ class Node:
         self.store = None  # the c10d TCPStore (set in rendezvous; None for a single rank)
         self.endpoint = None  # the rendezvous address (across nodes)
         self.beats = None  # once all have joined: {other node: (its last heartbeat seen, monotonic time seen)}
-        self.n_targets_total = self.replicas  # target replicas in the whole run (rendezvous counts other nodes')
+        self.n_targets_total = self.T  # target workers in the whole run (rendezvous counts other nodes')
         # Set in spawn: the queues and shared state every child gets, and the children themselves.
         self.requests = self.events = self.stop = self.crashed_at = None
         self.replies = []
@@ -260,7 +260,7 @@ class Node:
                    f"and every node starts again from the newest checkpoint")
             self._publish_failure(self.node, why)
             raise TopologyError(why)
-        me = {"host": socket.gethostname(), "targets": self.replicas, "drafters": self.D}
+        me = {"host": socket.gethostname(), "targets": self.T, "drafters": self.D}
         self._beat()
         self.store.set(f"join/{self.node}", json.dumps(me))
         keys = [f"join/{i}" for i in range(a.nnodes)]
@@ -277,7 +277,7 @@ class Node:
                               "give every node the same --drafter-gpus count")
         self.n_targets_total = sum(n["targets"] for n in nodes)
         self.log(f"node {self.node}: all {a.nnodes} nodes joined ({', '.join(n['host'] for n in nodes)}); "
-                 f"{self.n_targets_total} target replica(s), {self.world} drafter rank(s) in all")
+                 f"{self.n_targets_total} target worker(s), {self.world} drafter rank(s) in all")
         if self.main:
             self.store.set("started", "1")
         self.beats = {i: (None, time.monotonic()) for i in range(a.nnodes) if i != self.node}

@@ -215,7 +215,7 @@ class Rank:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
-    n_targets: int = 1  # target replicas in the whole run (for rates and idle fractions)
+    n_targets: int = 1  # target workers in the whole run, or the one in-process (for rates and idle fractions)
     notifier: Notifier = field(default_factory=Notifier)  # sd_notify, a forwarder to the main process, or null
     stop_event: object = None  # set by the node's main process on SIGTERM
     main_pid: int = field(default_factory=os.getpid)
@@ -246,7 +246,7 @@ class Trainer:
         self.epoch, self.batch_index = 0, 0
         # Set by setup(). feed=None means the target is loaded in this process (InProcessFeed).
         self.feed = feed
-        self.producer = None  # the in-process target (evaluation borrows one when there is none)
+        self.producer = None  # the target in this process, if any (evaluation borrows one when there is none)
         self.embed_weight = self.lm_head_weight = None  # the target's frozen embedding and LM head
         self.data = self.stream = None  # the data set, and its MicroBatches
         self.batches_per_epoch = self.total_steps = 0
@@ -280,9 +280,10 @@ class Trainer:
             with LoadWatch(a.target_model, self.r.notifier, self.status):  # progress; start timeout extended
                 self.feed = InProcessFeed(a, p, self.dev, lambda s: (self.r.notifier.status(s), self.log(s)))
             self.producer = self.feed.producer
-            self.embed_weight, self.lm_head_weight = self.feed.embed_weight, self.feed.lm_head_weight
-        elif getattr(self.feed, "local", None) is not None:  # the rank's own replica has them (--drafter-serves-target)
-            self.embed_weight, self.lm_head_weight = self.feed.embed_weight, self.feed.lm_head_weight
+        else:  # a queue feed; with --drafter-serves-target it holds this rank's own replica
+            self.producer = self.feed.local
+        if self.producer is not None:  # the target's embedding and LM head, from the replica in this process
+            self.embed_weight, self.lm_head_weight = self.producer.embed_weight, self.producer.lm_head_weight
         else:
             dtype = torch.float32 if self.dev == "cpu" else torch.bfloat16
             self.embed_weight, self.lm_head_weight = load_frozen_io(a.target_model, self.dev, dtype)
@@ -388,7 +389,7 @@ class Trainer:
         if p is None or p.key != (epoch, index):
             p = self.prepare(epoch, index, idx)
         out = {"tokens": int(f.lengths.sum()), "target_s": f.target_s, "wait_s": f.wait_s, "serve_s": f.serve_s,
-               "occupancy": f.occupancy}
+               "worker_s": 0.0 if f.by_drafter else f.target_s, "occupancy": f.occupancy}
         if p.blocks is None:
             return out  # nothing supervised in this micro-batch
         blocks = p.blocks
@@ -445,8 +446,8 @@ class Trainer:
     # Statistics of a step: host-side sums (what the host knows anyway) and device-side sums (what the
     # loss computed), put in one vector that is all-reduced once per step (statistics for rank 0 and
     # the stop flag) and read back once, after the optimizer step.
-    STEP_SUMS = ("n_loss", "n_kl", "rows", "tokens", "target_s", "drafter_s", "wait_s", "serve_s", "occupancy",
-                 "n_occupancy", "stop")
+    STEP_SUMS = ("n_loss", "n_kl", "rows", "tokens", "target_s", "worker_s", "drafter_s", "wait_s", "serve_s",
+                 "occupancy", "n_occupancy", "stop")
 
     def train_step(self) -> dict:
         """One optimizer step, queued and then read: its record (metrics.jsonl's line)."""
@@ -470,7 +471,7 @@ class Trainer:
             m = self.micro_batch(epoch, index, idx, noise)
             if self.PREPARE_AHEAD:  # backward is queued: the host prepares the next micro-batch meanwhile
                 self.prepare_next(first + j)
-            for k in ("tokens", "target_s", "wait_s", "serve_s"):
+            for k in ("tokens", "target_s", "worker_s", "wait_s", "serve_s"):
                 acc[k] += m[k]
             if m["occupancy"] is not None:
                 acc["occupancy"] += m["occupancy"]
@@ -553,7 +554,8 @@ class Trainer:
             "step_tokens_per_s": acc["tokens"] / step_s, "step_rows_per_s": acc["rows"] / step_s,
             "target_s": acc["target_s"] / n_t, "drafter_s": acc["drafter_s"] / n_d, "step_s": step_s,
             "queue_occupancy": mean(acc["occupancy"], acc["n_occupancy"]) if acc["n_occupancy"] else None,
-            "target_idle_frac": min(1.0, max(0.0, 1 - acc["target_s"] / (n_t * step_s))),
+            # the workers' idle: what the drafters served themselves was not their time
+            "target_idle_frac": min(1.0, max(0.0, 1 - acc["worker_s"] / (n_t * step_s))),
             "drafter_idle_frac": min(1.0, max(0.0, acc["wait_s"] / (n_d * step_s))),
             "drafter_serve_frac": min(1.0, max(0.0, acc["serve_s"] / (n_d * step_s))),
             "peak_mem_bytes": _peak_mem(self.dev),

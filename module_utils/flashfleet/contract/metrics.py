@@ -28,7 +28,7 @@ STEP_KEYS = (
     "step_tokens_per_s", "step_rows_per_s",  # delivered: per wall-clock second of the step
     "target_s", "drafter_s", "step_s",
     "queue_occupancy", "target_idle_frac", "drafter_idle_frac",
-    "drafter_serve_frac",  # of drafter_idle_frac, the part the drafters' own devices ran the target
+    "drafter_serve_frac",  # of drafter_idle_frac, the part their own replicas served (--drafter-serves-target)
     "peak_mem_bytes",
 )
 # An evaluation (speculative decoding against the target; flashfleet_trainer.evaluate): `eval` is

@@ -115,7 +115,10 @@ def _served_run(argv, out):
 
 
 def _check_served(ref, out):
+    """The served run trained like the in-process one and evaluated with rank 0's own replica."""
     a, b = _metrics(ref), _metrics(out)
+    assert [r["eval"] for r in b if "tau" in r] == ["final"] and [r for r in a if "tau" in r]
+    a, b = [r for r in a if "tau" not in r], [r for r in b if "tau" not in r]
     assert [r["step"] for r in b] == [1, 2, 3]
     assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in a], rel=1e-4)
     for r in b:  # nothing came from the worker: the ranks' wait was their own serving, the worker idle
@@ -124,7 +127,8 @@ def _check_served(ref, out):
     assert all(r["drafter_serve_frac"] == 0 for r in a)  # in-process there is no queue to serve
 
 
-SERVED_STEPS = ("--max-steps", "3", "--use-soft-labels", "--save-interval", "100")
+SERVED_STEPS = ("--max-steps", "3", "--use-soft-labels", "--save-interval", "100", "--eval-num-prompts", "2",
+                "--eval-max-new-tokens", "6")
 
 
 def test_drafters_that_serve_train_on_while_the_target_worker_is_stopped(trainer_argv, tmp_path):

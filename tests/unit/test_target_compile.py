@@ -117,5 +117,5 @@ def test_a_target_worker_tells_the_main_process_that_its_first_micro_batch_compi
         monkeypatch.setattr(m.HiddenStateProducer, "for_training",
                             classmethod(lambda cls, *a, n=layers, **k: SimpleNamespace(compiled_layers=n)))
         events = queue.Queue()
-        assert load_target(3, "cuda:3", None, [1, 2], events).compiled_layers == layers
+        assert load_target(3, "target worker 3", "cuda:3", None, [1, 2], events).compiled_layers == layers
         assert [events.get_nowait() for _ in range(events.qsize())] == want

@@ -69,6 +69,16 @@ def _sync(devices):
             torch.cuda.synchronize(d)
 
 
+def answer(producer, device, request, want_last, by_drafter):
+    """One request (drafter, key, ids, lengths) served by `producer` on `device`: (drafter, reply),
+    the reply in QueueFeed's format, its seconds those of the target alone."""
+    drafter, key, ids, lengths = request
+    t0 = time.perf_counter()
+    feats, last = producer.forward_batch(ids, lengths, want_last=want_last)
+    _sync([device])
+    return drafter, (key, feats, last, lengths, time.perf_counter() - t0, by_drafter)
+
+
 class InProcessFeed(Feed):
     """The target in the drafter's own process, called in-line: nothing overlaps, nothing to ship.
 
@@ -156,20 +166,17 @@ class QueueFeed(Feed):
         """Take the node's next request, if any, and answer it with this rank's replica: its own into
         `ready`, another rank's on that rank's reply queue. Returns the seconds it took (0: none)."""
         try:  # a worker waiting in get() holds the queue's read lock, so idle workers are served first
-            drafter, key, ids, lengths = self.requests.get_nowait()
+            request = self.requests.get_nowait()
         except queue.Empty:
             return 0.0  # every request is with a target worker (or about to be): its answer is coming
-        _sync([self.device])  # this rank's queued work first, so `busy` is the target's alone
-        t0 = time.perf_counter()
-        feats, last = self.local.forward_batch(ids, lengths, want_last=self.want_last)
-        _sync([self.device])
-        busy = time.perf_counter() - t0
+        _sync([self.device])  # this rank's queued work first, so the serve's seconds are the target's alone
+        drafter, reply = answer(self.local, self.device, request, self.want_last, by_drafter=True)
         self.served += 1
         if drafter == self.local_rank:
-            self.ready[key] = (feats, last, lengths, busy, True)
+            self.ready[reply[0]] = reply[1:]
         else:
-            self.all_replies[drafter].put((key, feats, last, lengths, busy, True))
-        return busy
+            self.all_replies[drafter].put(reply)
+        return reply[4]  # the target's seconds
 
     def close(self):
         pass

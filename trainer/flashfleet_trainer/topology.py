@@ -59,7 +59,7 @@ import torch.multiprocessing as mp
 from flashfleet.contract import messages
 
 from .config import EX_CONFIG, EX_NONFINITE, ConfigError, NonFiniteLoss
-from .feed import QueueFeed
+from .feed import QueueFeed, answer
 from .metrics import Status
 from .notify import Notifier
 from .trainer import Rank, run_rank
@@ -138,13 +138,9 @@ def target_worker(index, device, args, layer_ids, want_last, requests, replies, 
         req = requests.get()
         if req is None:
             return
-        drafter, key, ids, lengths = req
-        t0 = time.perf_counter()
-        feats, last = producer.forward_batch(ids, lengths, want_last=want_last)
-        if device != "cpu":
-            torch.cuda.synchronize(device)
-        replies[drafter].put((key, feats, last, lengths, time.perf_counter() - t0, False))
-        del feats, last
+        drafter, reply = answer(producer, device, req, want_last, by_drafter=False)
+        replies[drafter].put(reply)
+        del reply
 
 
 # ---- drafter rank ----------------------------------------------------------------------------

@@ -69,6 +69,12 @@ def _sync(devices):
             torch.cuda.synchronize(d)
 
 
+def wants_final_state(args) -> bool:
+    """Whether the target's final normed state goes with its features: only soft labels read it;
+    without them the target's forward stops at its deepest feature layer."""
+    return args.use_soft_labels
+
+
 def answer(producer, device, request, want_last, by_drafter):
     """One request (drafter, key, ids, lengths) served by `producer` on `device`: (drafter, reply),
     the reply in QueueFeed's format, its seconds those of the target alone."""
@@ -89,7 +95,7 @@ class InProcessFeed(Feed):
         self.producer = HiddenStateProducer.for_training(args, plan.target_devices, plan.layer_ids, device, log)
         self.embed_weight, self.lm_head_weight = self.producer.embed_weight, self.producer.lm_head_weight
         self.devices = plan.target_devices + [device]
-        self.want_last = args.use_soft_labels  # without soft labels the target stops at its deepest feature layer
+        self.want_last = wants_final_state(args)
         self.data = None  # set by start()
 
     def start(self, data, upcoming):

@@ -67,9 +67,13 @@ class Plan:
     checkpoints: ckpt.Found | None = None
 
     def in_process(self, args) -> bool:
-        """One target and one drafter sharing a device on one node: no processes needed."""
-        return (args.nnodes == 1 and len(self.target_devices) == 1 and len(self.drafter_devices) == 1
-                and self.target_devices[0] == self.drafter_devices[0])
+        return in_process_layout(args.nnodes, self.target_devices, self.drafter_devices)
+
+
+def in_process_layout(nnodes, target_devices, drafter_devices) -> bool:
+    """One node whose one target and one drafter share a device: no processes needed, the target
+    is called in-line by the drafter."""
+    return nnodes == 1 and len(target_devices) == 1 and list(target_devices) == list(drafter_devices)
 
 
 def _mem_available_bytes() -> int:
@@ -295,7 +299,7 @@ def check_devices(args, target_devices, drafter_devices) -> None:
     if args.nnodes > 1 and "cpu" in drafter_devices and "cpu" not in target_devices:
         raise ConfigError("--drafter-gpus cpu with GPU targets", "put targets and drafters on the same kind of device")
     shared = [d.split(":")[1] for d in drafter_devices if d != "cpu" and d in target_devices]
-    in_process = args.nnodes == 1 and len(target_devices) == 1 and target_devices == drafter_devices
+    in_process = in_process_layout(args.nnodes, target_devices, drafter_devices)
     if shared and not in_process:
         raise ConfigError(f"--drafter-gpus {args.drafter_gpus} overlaps --target-gpus {args.target_gpus} on GPU(s) "
                           f"{','.join(shared)}: only one target and one drafter on one node may share a GPU "

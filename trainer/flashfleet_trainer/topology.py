@@ -59,7 +59,7 @@ import torch.multiprocessing as mp
 from flashfleet.contract import messages
 
 from .config import EX_CONFIG, EX_NONFINITE, ConfigError, NonFiniteLoss
-from .feed import QueueFeed, answer
+from .feed import QueueFeed, answer, wants_final_state
 from .metrics import Status
 from .notify import Notifier
 from .trainer import Rank, run_rank
@@ -122,7 +122,7 @@ def load_target(index, name, device, args, layer_ids, events):
     return producer
 
 
-def target_worker(index, device, args, layer_ids, want_last, requests, replies, events, n_procs):
+def target_worker(index, device, args, layer_ids, requests, replies, events, n_procs):
     """Serve hidden states for requests (drafter, key, ids, lengths) until a None arrives."""
     _die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # leave when told, after the drafters saved
@@ -138,7 +138,7 @@ def target_worker(index, device, args, layer_ids, want_last, requests, replies, 
         req = requests.get()
         if req is None:
             return
-        drafter, reply = answer(producer, device, req, want_last, by_drafter=False)
+        drafter, reply = answer(producer, device, req, wants_final_state(args), by_drafter=False)
         replies[drafter].put(reply)
         del reply
 
@@ -173,7 +173,7 @@ def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, req
             local = load_target(len(plan.target_devices) + local_rank, f"drafter rank {rank}'s target", device, args,
                                 plan.layer_ids, events)
         feed = QueueFeed(requests, replies[local_rank], local_rank, depth, device, local=local, all_replies=replies,
-                         want_last=args.use_soft_labels)
+                         want_last=wants_final_state(args))
         r = Rank(rank=rank, world=world, local_rank=local_rank, n_targets=n_targets,
                  notifier=QueueNotifier(events) if local_rank == 0 else Notifier.null(), stop_event=stop_event,
                  main_pid=main_pid)
@@ -290,7 +290,7 @@ class Node:
         n_procs = self.T + self.D
         for i, dev in enumerate(p.target_devices):
             proc = ctx.Process(target=target_worker, name=f"target-{i}", args=(
-                i, dev, a, p.layer_ids, a.use_soft_labels, self.requests, self.replies, self.events, n_procs))
+                i, dev, a, p.layer_ids, self.requests, self.replies, self.events, n_procs))
             proc.start()
             self.children.append(("target worker", i, dev, None, proc))
         child_plan = _strip(p)

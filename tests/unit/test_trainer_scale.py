@@ -14,7 +14,7 @@ import torch
 from flashfleet_trainer.checkpoint import complete_checkpoints
 from flashfleet_trainer.cli import main
 from flashfleet_trainer.config import EX_CONFIG, parse_devices
-from flashfleet_trainer.planner import best_split
+from flashfleet_trainer.planner import anchor_headroom, best_split, headroom_line
 from flashfleet_trainer.preflight import memory_need
 from safetensors.torch import load_file
 
@@ -354,6 +354,21 @@ def test_rendezvous_needs_an_endpoint(trainer_argv, capsys):
     assert "--rdzv-endpoint" in capsys.readouterr().err
 
 
+def test_a_target_bound_split_says_how_many_more_anchors_its_drafters_could_train():
+    """The incident's 27B rates on one H200 (docs/benchmarks.md): 7 + 1 is target-bound, its one
+    drafter could train 21,588 / (7 x 11,504 x 0.125) = 2.1x the rows per target token."""
+    seven = best_split(8, 11504.0, 21588.0, 0.125)[6]
+    assert anchor_headroom(seven) == pytest.approx(21588 / (7 * 11504 * 0.125))
+    line = headroom_line(seven, 512, 40.2, serve=False)
+    assert "7 target + 1 drafter the targets are the bound" in line and "2.1x" in line
+    assert "--max-anchors 512 -> about 1098" in line and "40.2 GiB" in line and "serves" not in line
+    assert "--drafter-serves-target" in headroom_line(seven, 512, 40.2, serve=True)
+    drafter_bound = best_split(8, 1e7, 21588.0, 0.125)[0]
+    assert anchor_headroom(drafter_bound) == 1.0 and headroom_line(drafter_bound, 512, 40.2, False) is None
+    balanced = best_split(2, 21588 / 0.125 / 1.02, 21588.0, 0.125)[0]  # 2% idle: within the measurement
+    assert balanced["bound"] == "target" and headroom_line(balanced, 512, 40.2, False) is None
+
+
 def test_plan_prints_a_split(trainer_argv, capsys):
     assert main(trainer_argv("--plan", "--plan-steps", "2", "--target-gpus", "cpu,cpu",
                              "--drafter-gpus", "cpu,cpu")) == 0
@@ -362,3 +377,5 @@ def test_plan_prints_a_split(trainer_argv, capsys):
     assert "plan:   1 target + 3 drafter" in out and "plan:   3 target + 1 drafter" in out
     best = [x for x in out.splitlines() if x.startswith("plan: best split of 4 device(s)")]
     assert best and "--target-gpus cpu" in best[0] and "--drafter-gpus cpu" in best[0]
+    headroom = [x for x in out.splitlines() if "the targets are the bound" in x]
+    assert len(headroom) == ("drafter-bound" not in best[0]), out  # said for a split the targets bound

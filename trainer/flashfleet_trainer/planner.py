@@ -16,6 +16,10 @@ they would wait: each drafter device of a split that feeds it r < Rd rows/s from
 divides its time between training (x / Rd) and serving (x - r rows' worth of target work,
 (x - r) / (Rt * rows_per_token)), so x = Rd (Rt * rows_per_token + r) / (Rt * rows_per_token + Rd).
 The table gives that figure beside each split; the advice takes the better of the two.
+A target-bound best split also gets its headroom: the targets' work per step does not depend on
+the anchors, so the drafters could train (n-k) Rd / (k Rt rows_per_token) times the draft rows per
+target token (a larger --max-anchors) before they become the bound. Whether more anchors per
+sequence train a better drafter is the user's call; the planner only says what fits.
 It assumes devices are alike and that the hidden-state copy between devices is free (on one
 NVLink node it is small next to either side's compute). The first step is a warm-up, not counted.
 """
@@ -49,8 +53,30 @@ def best_split(n: int, target_tok_s: float, drafter_rows_s: float, rows_per_toke
         serving = (n - k) * drafter_rows_s * (one_target + fed) / (one_target + drafter_rows_s)
         rows.append({"targets": k, "drafters": n - k, "drafter_rows_per_s": min(supply, demand),
                      "bound": "target" if supply < demand else "drafter",
+                     "demand_rows_per_s": demand,
                      "serving_rows_per_s": max(min(supply, demand), min(serving, demand))})
     return rows
+
+
+def anchor_headroom(row: dict) -> float:
+    """How many times the draft rows per target token a target-bound split's drafters could train
+    in the same time (the drafters' demand over the targets' supply); 1.0 when the drafters bound it."""
+    if row["bound"] != "target" or row["drafter_rows_per_s"] <= 0:
+        return 1.0
+    return row["demand_rows_per_s"] / row["drafter_rows_per_s"]
+
+
+def headroom_line(row: dict, max_anchors: int, peak_gib: float, serve: bool) -> str | None:
+    """The advice line for a split whose drafters would wait on the targets; None when they would
+    not (within a few percent, about the spread of the planner's own measurement)."""
+    headroom = anchor_headroom(row)
+    if headroom < 1.05:
+        return None
+    return (f"plan: at {row['targets']} target + {row['drafters']} drafter the targets are the bound: the drafters "
+            f"could train {headroom:.1f}x the draft rows per target token in the same time (--max-anchors "
+            f"{max_anchors} -> about {int(max_anchors * headroom)}, where the sequences have room for them; the "
+            f"drafter's peak, {peak_gib:.1f} GiB now, grows with its rows; --plan again with it re-chooses the split)"
+            + ("; that is the time --drafter-serves-target would spend running the target" if serve else ""))
 
 
 def run_plan(args, plan: Plan, log) -> int:
@@ -96,6 +122,9 @@ def run_plan(args, plan: Plan, log) -> int:
     bound = "the drafters serving too" if serve else f"{best['bound']}-bound"
     log(f"plan: best split of {len(devs)} device(s): {k} target + {len(devs) - k} drafter, about "
         f"{best['serving_rows_per_s']:,.0f} drafter rows/s ({bound}): {flags}")
+    line = headroom_line(best, args.max_anchors, peak, serve)
+    if line:
+        log(line)
     if serve:
         log(f"plan: with --drafter-serves-target each drafter device also holds a target replica: it needs room "
             f"for one beside the drafter's peak of {peak:.1f} GiB")

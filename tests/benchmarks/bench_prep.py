@@ -43,6 +43,8 @@ def main():
     timed = recs[a.warmup:]
     out = {k: statistics.mean(r[k] for r in timed) for k in KEYS}
     out["rows_per_s_delivered"] = sum(r["rows"] for r in timed) / sum(r["step_s"] for r in timed)
+    out["rows"] = statistics.mean(r["rows"] for r in timed)
+    out["peak_gib"] = max(r["peak_mem_bytes"] for r in timed) / 2**30
     out["ahead"] = getattr(Trainer, "PREPARE_AHEAD", None)
     print("SUMMARY " + json.dumps(out), flush=True)
     if a.sync_check:

@@ -1,5 +1,5 @@
 # Sourced by the target benchmarks' GPU batches (gpu_target_profile_batch.sh, gpu_short_conv_batch.sh,
-# gpu_e2e_27b_batch.sh),
+# gpu_e2e_27b_batch.sh, gpu_anchors_batch.sh),
 # from the repository root: the CUDA lock's wheels installed from .whl where it has them (see gpu_target_compile_batch.sh
 # for the download), the import path, $log under $OUT, a power/clock log beside the runs, and
 # `run ARGS...`, one bench_target process whose output goes to $log (step lines left out).

@@ -145,3 +145,28 @@ def test_runtime_crash_is_recorded_then_propagates(trainer_argv, tmp_path, monke
         main(trainer_argv("--max-steps", "2", out=out))
     st = json.loads((out / "status.json").read_text())
     assert st["phase"] == "failed" and "synthetic failure" in st["last_error"]
+
+
+def test_soft_labels_at_kl_weight_0_skip_the_targets_final_state_and_train_as_ce_only(trainer_argv, tmp_path,
+                                                                                       monkeypatch):
+    """--use-soft-labels with --kl-weight 0 has no teacher term: the target stops at its deepest
+    feature layer as in a CE-only run (the feed never asks for the final state), the trainer
+    gathers no teacher rows, and the losses are the CE-only run's; a KL weight above 0 asks for it."""
+    from flashfleet_trainer.model import HiddenStateProducer
+
+    asked, real = [], HiddenStateProducer.forward_batch
+
+    def spy(self, ids, lengths, want_last=True, **kw):
+        asked.append(want_last)
+        return real(self, ids, lengths, want_last=want_last, **kw)
+
+    monkeypatch.setattr(HiddenStateProducer, "forward_batch", spy)
+    runs = {}
+    for name, extra in (("ce", ()), ("kl0", ("--use-soft-labels", "--kl-weight", "0")),
+                        ("kl", ("--use-soft-labels", "--kl-weight", "0.5"))):
+        asked.clear()
+        assert main(trainer_argv("--max-steps", "2", *extra, out=tmp_path / name)) == 0
+        recs = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        runs[name] = [r["loss"] for r in recs if "tau" not in r], set(asked)
+    assert runs["kl0"] == runs["ce"] and runs["ce"][1] == {False} and len(runs["ce"][0]) == 2
+    assert runs["kl"][1] == {True} and runs["kl"][0] != runs["ce"][0]

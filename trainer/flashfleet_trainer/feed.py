@@ -70,9 +70,10 @@ def _sync(devices):
 
 
 def wants_final_state(args) -> bool:
-    """Whether the target's final normed state goes with its features: only soft labels read it;
-    without them the target's forward stops at its deepest feature layer."""
-    return args.use_soft_labels
+    """Whether the target's final normed state goes with its features: only the teacher logits of
+    the loss's KL term read it (soft labels with a KL weight above 0); otherwise the target's
+    forward stops at its deepest feature layer and the trainer gathers no teacher rows."""
+    return args.use_soft_labels and args.kl_weight > 0
 
 
 def answer(producer, device, request, want_last, by_drafter):

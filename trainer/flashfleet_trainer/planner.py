@@ -76,7 +76,7 @@ def headroom_line(row: dict, max_anchors: int, peak_gib: float, serve: bool) -> 
             f"could train {headroom:.1f}x the draft rows per target token in the same time (--max-anchors "
             f"{max_anchors} -> about {int(max_anchors * headroom)}, where the sequences have room for them; the "
             f"drafter's peak, {peak_gib:.1f} GiB now, grows with its rows; --plan again with it re-chooses the split)"
-            + ("; that is the time --drafter-serves-target would spend running the target" if serve else ""))
+            + ("; that is the idle time --drafter-serves-target fills instead: take one or the other" if serve else ""))
 
 
 def run_plan(args, plan: Plan, log) -> int:

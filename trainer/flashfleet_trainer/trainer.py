@@ -37,7 +37,7 @@ from . import wandb_compat
 from .config import ConfigError, NonFiniteLoss
 from .data import Blocks, build_blocks, load_data, pack_epoch, sample_anchors
 from .evaluate import load_prompt_sets, speculative_tau
-from .feed import Feed, InProcessFeed
+from .feed import Feed, InProcessFeed, wants_final_state
 from .loadwatch import LoadWatch
 from .loss import IGNORE, acceptance_proxy, drafter_loss, get_loss_fn
 from .metrics import MetricsLog, Status, begin_run
@@ -375,7 +375,7 @@ class Trainer:
         p = Prepared((epoch, index), gen, blocks)
         if self.attn_impl == "flex":
             p.layouts = flex_layouts(self.dcfg, blocks)
-        if a.use_soft_labels:  # the lengths the feed will report: those of the sequences
+        if wants_final_state(a):  # the lengths the feed will report: those of the sequences
             lengths = torch.tensor([len(x) for x in seqs])
             p.tpos = torch.minimum(blocks.teacher_pos, (lengths[blocks.seq] - 1)[:, None])
         return p.pin() if self.dev.startswith("cuda") else p
@@ -397,7 +397,7 @@ class Trainer:
             student = drafter_hidden(self.drafter, self.embed_weight, f.feats, blocks, noise, p.gen,
                                      attn_impl=self.attn_impl, layouts=p.layouts)
             teacher = None
-            if a.use_soft_labels:
+            if wants_final_state(a):
                 teacher = gather_rows(f.last, blocks.seq.to(self.dev, non_blocking=True)[:, None],
                                       p.tpos.to(self.dev, non_blocking=True))
             loss, st = drafter_loss(student, teacher, self.lm_head_weight,

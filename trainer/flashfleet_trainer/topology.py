@@ -134,11 +134,12 @@ def target_worker(index, device, args, layer_ids, requests, replies, events, n_p
     producer = load_target(index, f"target worker {index}", device, args, layer_ids, events)
     for q in replies:
         q.cancel_join_thread()  # replies nobody reads any more must not block this process's exit
+    want_last = wants_final_state(args)
     while True:
         req = requests.get()
         if req is None:
             return
-        drafter, reply = answer(producer, device, req, wants_final_state(args), by_drafter=False)
+        drafter, reply = answer(producer, device, req, want_last, by_drafter=False)
         replies[drafter].put(reply)
         del reply
 

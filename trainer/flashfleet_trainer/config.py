@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "rank each (gradients all-reduced); or `cpu` entries")
     t.add_argument("--queue-depth", type=int, default=0, help="micro-batches of hidden states each drafter rank "
                    "keeps requested ahead (bounds the queue; 0 = auto: max(2, 2 x targets / drafters))")
+    t.add_argument("--target-servers", default=None, metavar="URL[,URL...]",
+                   help="vLLM servers (http://HOST:PORT, writing to this host's /dev/shm) that compute the target "
+                        "instead of target workers: a target larger than one GPU, with vLLM's own tensor and data "
+                        "parallelism; each started with this run's settings (--serve-config prints them); "
+                        "--target-gpus is then unused")
     t.add_argument("--drafter-serves-target", action="store_true",
                    help="each drafter rank also loads a target replica on its own device and, while it would "
                         "wait for hidden states, serves the node's next request itself (the drafter's GPU "
@@ -199,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--check", action="store_true", help="validate everything that can be validated without training, "
                    "print a summary and exit 0, or exit 78 with one line naming the problem")
+    p.add_argument("--serve-config", action="store_true", help="print, as JSON, the vLLM settings a target "
+                   "server for this run needs (--target-servers), then exit: the layers to extract and the connector")
     p.add_argument("--plan", action="store_true", help="measure a few steps of target and drafter on the first "
                    "device of each, print the split of the node's devices that maximises drafter rows/s, exit 0")
     p.add_argument("--plan-steps", type=int, default=3, help="measured steps for --plan (>= 1, after one warm-up step)")
@@ -223,7 +230,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if unknown:
             raise ConfigError(f"unknown key(s) in --config: {', '.join(unknown)}",
                               "use flag dest names such as target_model, use_soft_labels")
-        for key in ("use_soft_labels", "teacher_fp8", "check", "plan", "allow_slow_linear_attention"):
+        for key in sorted(act.dest for act in parser._actions if isinstance(act, argparse._StoreTrueAction)):
             if key in values and not isinstance(values[key], bool):
                 raise ConfigError(f"--config key {key} must be true or false", f"write \"{key}\": true")
         if isinstance(values.get("wandb_settings"), dict):

@@ -1144,6 +1144,29 @@ def load_frozen_io(model_dir, device, dtype) -> tuple[torch.Tensor, torch.Tensor
     return embed.to(device=device, dtype=dtype), head.to(device=device, dtype=dtype)
 
 
+def load_final_norm(model_dir, device, dtype) -> nn.Module:
+    """The target's final norm alone, as its own transformers module (so a Qwen3.5/3.6 norm applies
+    its weight the way that model does), with the weight read from the checkpoint's shard: what a
+    trainer whose target runs elsewhere (vllm_target) needs to turn the last layer's output into
+    the teacher's final state. The model is built on the meta device, so nothing else is allocated."""
+    from safetensors import safe_open
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    d = Path(model_dir)
+    text = check_target_config(AutoConfig.from_pretrained(d, local_files_only=True))
+    with torch.device("meta"):
+        norm = MODEL_FOR_CAUSAL_LM_MAPPING[type(text)](text).get_decoder().norm
+    names = checkpoint_tensors(d)
+    name = (WRAPPED_PREFIX if is_wrapped(names) else "model.") + "norm.weight"
+    with safe_open(os.fspath(d / names[name]), framework="pt") as st:
+        weight = st.get_tensor(name)
+    norm = norm.to_empty(device=device).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+    return norm.eval().requires_grad_(False)
+
+
 def load_drafter(checkpoint_dir, device="cpu") -> DFlashDrafter:
     """A drafter from a checkpoint directory alone (drafter.safetensors + config.json)."""
     from safetensors.torch import load_file

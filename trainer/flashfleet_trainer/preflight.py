@@ -16,7 +16,7 @@ newest verified in full, its drafter and micro-batches per step against this run
 import json
 import netrc
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -65,15 +65,42 @@ class Plan:
     # What --resume resolved to, verified in full once here (None: --resume never); the start's
     # `prepare` and the trainer's resume use it instead of hashing the checkpoint again.
     checkpoints: ckpt.Found | None = None
+    num_target_layers: int = 0  # the target's decoder layers (a vLLM server extracts the last one too)
+    servers: list = field(default_factory=list)  # --target-servers: vllm_target.Server, each checked
+
 
     def in_process(self, args) -> bool:
         return in_process_layout(args.nnodes, self.target_devices, self.drafter_devices)
 
 
 def in_process_layout(nnodes, target_devices, drafter_devices) -> bool:
-    """One node whose one target and one drafter share a device: no processes needed, the target
-    is called in-line by the drafter."""
-    return nnodes == 1 and len(target_devices) == 1 and list(target_devices) == list(drafter_devices)
+    """One node whose one target and one drafter share a device, or whose one drafter gets its
+    features from vLLM servers (no target devices): no processes needed, the drafter calls the
+    target (or the servers) in-line."""
+    return nnodes == 1 and len(drafter_devices) == 1 and list(target_devices) in ([], list(drafter_devices))
+
+
+def check_target_servers(args, layer_ids, n_layers, vocab, summary) -> list:
+    """--target-servers: refused with --drafter-serves-target (no replica to serve with); at a start
+    or --check each server is asked for a real extraction (vllm_target.check_servers), whose lines
+    join the summary; --serve-config contacts nobody. A server that cannot answer raises
+    TargetServerError, not ConfigError: a start while a server restarts fails and is retried by the
+    unit (exit 1), instead of being refused for good (78)."""
+    from .vllm_target import check_servers, parse_servers
+
+    if args.drafter_serves_target:
+        raise ConfigError("--drafter-serves-target with --target-servers: the target runs in vLLM, so the "
+                          "drafter has no replica to serve with", "drop --drafter-serves-target")
+    try:
+        parse_servers(args.target_servers)
+    except ValueError as e:
+        raise ConfigError(f"--target-servers: {e}", "e.g. --target-servers http://127.0.0.1:8100,"
+                          "http://127.0.0.1:8101") from e
+    if args.serve_config:
+        return []
+    servers, lines = check_servers(args.target_servers, layer_ids, n_layers, args.max_seq_len, vocab)
+    summary.extend(lines)
+    return servers
 
 
 def _mem_available_bytes() -> int:
@@ -534,8 +561,13 @@ def preflight(args) -> Plan:
         raise ConfigError(f"--eval-prompts {eval_prompts}: no such file (evaluation would be skipped silently)",
                           "point it at a JSONL of {\"input_ids\": [...]} or drop it")
 
-    target_devices = parse_devices(args.target_gpus, "--target-gpus")
     drafter_devices = parse_devices(args.drafter_gpus, "--drafter-gpus")
+    servers = []
+    if args.target_servers:  # the target runs in vLLM: no target workers, no replica in this trainer
+        target_devices = []
+        servers = check_target_servers(args, layer_ids, n_layers, vocab, summary)
+    else:
+        target_devices = parse_devices(args.target_gpus, "--target-gpus")
     check_devices(args, target_devices, drafter_devices)
     cuda = [d for d in target_devices + drafter_devices if d != "cpu"]
     if cuda:
@@ -546,13 +578,16 @@ def preflight(args) -> Plan:
                               f"{args.drafter_gpus}) but {have} CUDA device(s) are visible",
                               "request only visible GPUs, or `cpu` for both")
     world = args.nnodes * len(drafter_devices)
-    summary.append(f"topology: {len(target_devices)} target worker(s) on {','.join(target_devices)}; "
+    targets = (f"{len(servers)} vLLM target server(s)" if servers else
+               f"{len(target_devices)} target worker(s) on {','.join(target_devices)}")
+    summary.append(f"topology: {targets}; "
                    f"{len(drafter_devices)} drafter rank(s) on {','.join(drafter_devices)} per node; "
                    f"{args.nnodes} node(s), {world} drafter rank(s) in all; "
                    f"{args.grad_accum * world} micro-batches per optimizer step")
     summary.append(nccl_transport(args.nnodes, drafter_devices))
 
-    linear = check_linear_attention(text, target_devices, getattr(args, "allow_slow_linear_attention", False))
+    linear = "" if servers or args.target_servers else \
+        check_linear_attention(text, target_devices, getattr(args, "allow_slow_linear_attention", False))
     if linear:
         summary.append(linear)
     dcfg = drafter_config(args, tcfg, layer_ids, mask_id)
@@ -628,4 +663,5 @@ def preflight(args) -> Plan:
         raise ConfigError(f"--output-dir {out} is not writable", "create it or fix its ownership")
     return Plan(target_config=tcfg, layer_ids=layer_ids, mask_token_id=mask_id, target_devices=target_devices,
                 drafter_devices=drafter_devices, data_files=files, data_rows=rows, wandb_settings=settings,
-                summary=summary, drafter_config=dcfg, vocab_size=vocab, checkpoints=found)
+                summary=summary, drafter_config=dcfg, vocab_size=vocab, checkpoints=found, servers=servers,
+                num_target_layers=n_layers)

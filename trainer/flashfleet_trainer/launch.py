@@ -2,7 +2,7 @@
 
     preflight   always first (preflight.py): the same checks for --check and for a real start
     --check     print what preflight found, exit 0
-    --serve-config  print the settings a vLLM target server needs for this run (vllm_target.serve_config)
+    --serve-config  print, as a JSON list, the arguments a vLLM target server needs for this run
     --plan      measure one target and one drafter, print the best split of the node (planner.py)
     otherwise   one target + one drafter on one device: this process is the one rank (trainer.py);
                 anything else: this process starts and watches the node's workers (topology.py)
@@ -24,9 +24,9 @@ def run(args, log=print, on_step=None) -> int:
     """Preflight, then --check, --plan, or train. ConfigError propagates (the CLI turns it into exit 78)."""
     plan = preflight(args)
     if args.serve_config:
-        from .vllm_target import serve_config
+        from .vllm_target import serve_argv
 
-        log(json.dumps(serve_config(plan.layer_ids, plan.num_target_layers)))
+        log(json.dumps(serve_argv(plan.layer_ids, plan.num_target_layers)))
         return 0
     if args.check:
         for line in plan.summary:

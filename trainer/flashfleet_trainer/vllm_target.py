@@ -19,6 +19,7 @@ restart policy resumes from the newest checkpoint once the server is back).
 """
 
 import fcntl
+import http.client
 import itertools
 import json
 import os
@@ -81,7 +82,7 @@ class Server:
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:300]
             raise TargetServerError(f"vLLM target server {self.url}{path} answered HTTP {e.code}: {detail}") from e
-        except (OSError, ValueError) as e:  # refused, reset, timed out, not JSON
+        except (OSError, ValueError, http.client.HTTPException) as e:  # refused, reset, cut short, timed out, not JSON
             raise TargetServerError(f"vLLM target server {self.url} unreachable or failed during {path} "
                                     f"({type(e).__name__}: {e})") from e
 
@@ -228,27 +229,27 @@ class VllmFeed:
         return Features(feats, last, lengths, target_s, time.perf_counter() - t0, occupancy)
 
     def close(self):
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """Requests not sent yet are dropped; those a server has are waited for, so that their files
+        are read and removed too (the last micro-batches asked for ahead of the end)."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-STORAGE_PATH = "/dev/shm/flashfleet-vllm"  # where a server writes its files unless told (the role tells it)
+STORAGE_PATH = "/dev/shm/flashfleet-vllm"  # where servers write their files (names are unique per request)
 
 
-def serve_config(layer_ids, num_layers, storage_path=STORAGE_PATH) -> dict:
-    """The settings `vllm serve` needs to hand a run its features (--serve-config prints them; the
-    vllm_server role passes them): the layers to extract and flashfleet's connector writing to
-    `storage_path`. Chunked prefill stays off, as vLLM's extraction guide asks."""
+def serve_argv(layer_ids, num_layers, storage_path=STORAGE_PATH) -> list[str]:
+    """The arguments `vllm serve` needs to hand a run its features (--serve-config prints them; the
+    server units and the tests pass them): the layers to extract, flashfleet's connector writing to
+    `storage_path`, and chunked prefill off, as vLLM's extraction guide asks."""
     from .vllm_format import CONNECTOR, CONNECTOR_MODULE
 
-    return {
-        "speculative_config": {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                               "draft_model_config": {"hf_config": {
-                                   "eagle_aux_hidden_state_layer_ids": server_layer_ids(layer_ids, num_layers)}}},
-        "kv_transfer_config": {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE,
-                               "kv_role": "kv_producer",
-                               "kv_connector_extra_config": {"shared_storage_path": str(storage_path)}},
-        "enable_chunked_prefill": False,
-    }
+    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids":
+                                                 server_layer_ids(layer_ids, num_layers)}}}
+    kv = {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_producer",
+          "kv_connector_extra_config": {"shared_storage_path": str(storage_path)}}
+    return ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv),
+            "--no-enable-chunked-prefill"]
 
 
 def check_servers(spec, layer_ids, num_layers, max_seq_len, vocab) -> tuple[list[Server], list[str]]:

@@ -1,0 +1,215 @@
+"""The vLLM target backend (--target-servers, vllm_target.py): the guards on their own, then real
+vLLM servers (vLLM's CPU build, tests/vllm_server.py) serving the tiny Qwen3 target:
+
+- the features equal the in-process target's, final state included;
+- a run trained through two servers gives the in-process run's losses, and both servers served;
+- a server killed mid-run ends the run with a clear error; once it is back, the same command
+  resumes from the newest checkpoint (what the unit's restart does);
+- nothing is left in the servers' storage directory.
+
+The hybrid Qwen3.5 tiny target is not served here: vLLM 0.32.0's Qwen3.5 module imports its
+vision model, which needs torchvision, and PyPI has no torchvision for torch's +cpu build.
+"""
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from flashfleet_trainer.cli import main
+from flashfleet_trainer.config import EX_CONFIG, parse_args
+from flashfleet_trainer.data import load_data
+from flashfleet_trainer.feed import InProcessFeed, wants_final_state
+from flashfleet_trainer.preflight import preflight
+from flashfleet_trainer.trainer import MicroBatches
+from flashfleet_trainer.vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
+from flashfleet_trainer.vllm_target import (
+    TargetServerError,
+    VllmFeed,
+    check_hidden,
+    read_hidden,
+    serve_argv,
+)
+from safetensors.torch import save_file
+
+from tests.unit.conftest import tiny_argv
+from tests.vllm_server import VllmServer, need_vllm
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+LAYERS = [2]  # the tiny argv's one draft layer reads the 4-layer target's default layer 2
+N_LAYERS = 4
+
+
+# ---- the guards, no server ---------------------------------------------------------------------
+
+def _states(t=5, layers=2, h=8):
+    torch.manual_seed(0)
+    return {HIDDEN_KEY: torch.randn(t, layers, h), TOKENS_KEY: torch.arange(t),
+            LAYER_IDS_KEY: torch.tensor([3, 4])}
+
+
+def test_server_layers_are_each_feature_layers_output_and_the_last_sorted_distinct():
+    assert server_layer_ids([2], 4) == [3, 4]
+    assert server_layer_ids([3, 1], 4) == [2, 4]  # layer 3's output is the last one's
+    argv = serve_argv([1, 2], 4, "/dev/shm/x")
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv["kv_connector_extra_config"]["shared_storage_path"] == "/dev/shm/x"
+    assert "--no-enable-chunked-prefill" in argv
+
+
+@pytest.mark.parametrize("spoil,why", [
+    (lambda s: s[HIDDEN_KEY][:, 1].zero_(), "all-zero"),
+    (lambda s: s[HIDDEN_KEY].__setitem__((2, 0, 3), float("nan")), "non-finite"),
+    (lambda s: s[HIDDEN_KEY][:, 1].copy_(s[HIDDEN_KEY][:, 0]), "identical"),
+    (lambda s: s.__setitem__(LAYER_IDS_KEY, torch.tensor([2, 4])), "extracts vLLM layers [2, 4]"),
+    (lambda s: s.__setitem__(TOKENS_KEY, torch.arange(1, 6)), "another sequence"),
+])
+def test_features_the_run_must_not_train_on_are_refused(spoil, why):
+    good = _states()
+    assert check_hidden(good, list(range(5)), [3, 4], "http://s").shape == (5, 2, 8)
+    bad = _states()
+    spoil(bad)
+    with pytest.raises(TargetServerError, match=why.replace("[", r"\[").replace("]", r"\]")):
+        check_hidden(bad, list(range(5)), [3, 4], "http://s")
+
+
+def test_a_file_is_read_once_its_writer_is_done_and_then_removed(tmp_path):
+    path = str(tmp_path / "req.safetensors")
+    fd = os.open(path + ".lock", os.O_CREAT | os.O_WRONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the server holds the lock until the file is whole
+
+    def writer():
+        time.sleep(0.3)
+        save_file(_states(), path)
+        os.close(fd)
+    threading.Thread(target=writer).start()
+    t0 = time.monotonic()
+    got = read_hidden(path)
+    assert time.monotonic() - t0 >= 0.25 and got[HIDDEN_KEY].shape == (5, 2, 8)
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(TargetServerError, match="not on this host"):
+        read_hidden(str(tmp_path / "elsewhere.safetensors"))
+
+
+@pytest.mark.parametrize("servers,extra,why", [
+    ("127.0.0.1:8100", (), "is not http://HOST:PORT"),
+    ("http://127.0.0.1:8100,http://127.0.0.1:8100", (), "names a server twice"),
+    ("http://127.0.0.1:8100", ("--drafter-serves-target",), "no replica to serve with"),
+])
+def test_bad_server_flags_are_refused_before_anything_is_contacted(trainer_argv, capsys, servers, extra, why):
+    assert main(trainer_argv("--target-servers", servers, *extra, "--check")) == EX_CONFIG
+    assert why in capsys.readouterr().err
+
+
+def test_an_unreachable_server_fails_the_start_for_a_retry_not_for_good(trainer_argv):
+    with pytest.raises(TargetServerError, match="unreachable"):
+        main(trainer_argv("--target-servers", "http://127.0.0.1:9", "--check"))
+
+
+# ---- real vLLM servers ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The trainer tests' tiny target with 32-wide heads: vLLM's CPU attention takes no head of 16."""
+    from flashfleet_trainer.tiny import build
+
+    out = tmp_path_factory.mktemp("tiny32")
+    build(out, seed=0, vocab=128, hidden=128, layers=N_LAYERS, steps=30, num_seqs=48, prompt_len=8,
+          completion_len=24, num_eval=3, log=lambda s: None)
+    return out
+
+
+@pytest.fixture
+def argv(tiny, tmp_path):
+    return lambda *extra, out=None: tiny_argv(tiny, out or tmp_path / "run", *extra)
+
+
+@pytest.fixture(scope="module")
+def servers(tiny, tmp_path_factory):
+    """Two vLLM servers for the tiny target's layers, sharing one storage directory, started side by side."""
+    need_vllm()
+    d = tmp_path_factory.mktemp("vllm")
+    started = [VllmServer(tiny / "model", LAYERS, N_LAYERS, d / "shm", d / f"server{i}.log") for i in range(2)]
+    try:
+        for s in started:
+            s.launch()
+        yield [s.wait() for s in started]
+    finally:
+        for s in started:
+            s.stop()
+
+
+def test_features_from_the_server_equal_the_in_process_targets(servers, argv):
+    args = parse_args(argv("--use-soft-labels", "--target-servers", servers[0].url))
+    plan = preflight(args)
+    assert wants_final_state(args)
+    ref_args = parse_args(argv("--use-soft-labels"))
+    ref = InProcessFeed(ref_args, preflight(ref_args), "cpu", lambda s: None)
+    feed = VllmFeed.for_training(args, plan, "cpu")
+    data = load_data(args.data_dir, args.max_seq_len, plan.vocab_size)
+    batches = MicroBatches(data.lengths, args).epoch(0)[:3]
+    ref.start(data, iter([]))
+    feed.start(data, iter((0, i, idx) for i, idx in enumerate(batches)))
+    try:
+        for i, idx in enumerate(batches):
+            got, want = feed.get((0, i), idx), ref.get((0, i), idx)
+            assert torch.equal(got.lengths, want.lengths)
+            torch.testing.assert_close(got.feats, want.feats, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(got.last, want.last, atol=1e-4, rtol=1e-4)
+    finally:
+        feed.close()
+    assert list((servers[0].storage).iterdir()) == []  # every file read and removed
+
+
+def _losses(out):
+    return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def test_a_run_through_two_servers_trains_as_the_in_process_target_does(servers, argv, tmp_path):
+    steps = ("--max-steps", "4", "--use-soft-labels", "--queue-depth", "2")
+    assert main(argv(*steps, out=tmp_path / "ref")) == 0
+    before = [s.requests_served() for s in servers]
+    urls = ",".join(s.url for s in servers)
+    assert main(argv(*steps, "--target-servers", urls, out=tmp_path / "vllm")) == 0
+    assert _losses(tmp_path / "vllm") == pytest.approx(_losses(tmp_path / "ref"), rel=1e-4)
+    served = [s.requests_served() - b for s, b in zip(servers, before, strict=True)]
+    assert min(served) > 0, served  # round-robin: both servers answered
+    assert list(servers[0].storage.iterdir()) == []
+
+
+def test_a_killed_server_ends_the_run_clearly_and_the_restart_resumes(servers, argv, tmp_path):
+    """Last in this module: it kills the second server (and starts it again on the same port)."""
+    victim = servers[1]
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "flashfleet_trainer.cli",
+           *argv("--max-steps", "400", "--save-interval", "2", "--target-servers", victim.url, out=out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / "checkpoints").is_dir() or not any((out / "checkpoints").glob("step-*")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
+            time.sleep(0.2)
+        victim.kill()
+        log, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, log
+    assert f"TargetServerError: vLLM target server {victim.url} unreachable" in log
+    st = json.loads((out / "status.json").read_text())
+    assert st["phase"] == "failed" and "TargetServerError" in st["last_error"] and victim.url in st["last_error"]
+    step_at_death = st["step"]
+    victim.start()  # back on the same port: the unit's restart finds it
+    done = subprocess.run([*cmd, "--max-steps", str(step_at_death + 2)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resumed from" in done.stdout and f"completed at step {step_at_death + 2}" in done.stdout

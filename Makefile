@@ -3,6 +3,7 @@
 #   make clean-node remove the local node container
 #   make test       everything CI runs: lint, pytest (all), molecule test --all
 #   make test-fast  lint + pytest, no containers (minutes)
+#   make vllm-venv  vLLM's CPU build in .cache/vllm-venv (the tests' vLLM servers; make test builds it)
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
@@ -76,7 +77,7 @@ lint: venv
 	ansible-lint --profile production
 
 # CUDA tests are collected and skip themselves without a GPU.
-pytest: venv
+pytest: venv vllm-venv
 	pytest -q
 
 # kernel first: it leaves the built kernel's .debs in .cache/kernel-debs, which the driver
@@ -88,7 +89,7 @@ molecule: venv image
 test-fast: lint pytest
 
 # Every stage in order, with a summary of each stage's time at the end (tests/stages.sh).
-test: venv image
+test: venv vllm-venv image
 	bash tests/stages.sh
 
 # Re-resolve the locks after editing requirements/*.in (needs the registries; not part of CI).

@@ -2,7 +2,7 @@
 vLLM servers (vLLM's CPU build, tests/vllm_server.py) serving the tiny Qwen3 target:
 
 - the features equal the in-process target's, final state included;
-- a run trained through two servers gives the in-process run's losses, and both servers served;
+- two drafter ranks trained through two servers give the in-process run's losses, and both served;
 - a server killed mid-run ends the run with a clear error; once it is back, the same command
   resumes from the newest checkpoint (what the unit's restart does);
 - nothing is left in the servers' storage directory.
@@ -173,12 +173,15 @@ def _losses(out):
     return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
-def test_a_run_through_two_servers_trains_as_the_in_process_target_does(servers, argv, tmp_path):
+def test_two_servers_feed_two_drafter_ranks_as_the_in_process_target_feeds_one(servers, argv, tmp_path):
+    """The second incident's shape in miniature: servers for the target, data-parallel drafter ranks
+    (torch.distributed) asking them directly; the same blocks and gradients as one in-process rank
+    accumulating two micro-batches."""
     steps = ("--max-steps", "4", "--use-soft-labels", "--queue-depth", "2")
-    assert main(argv(*steps, out=tmp_path / "ref")) == 0
+    assert main(argv(*steps, "--grad-accum", "2", out=tmp_path / "ref")) == 0
     before = [s.requests_served() for s in servers]
     urls = ",".join(s.url for s in servers)
-    assert main(argv(*steps, "--target-servers", urls, out=tmp_path / "vllm")) == 0
+    assert main(argv(*steps, "--drafter-gpus", "cpu,cpu", "--target-servers", urls, out=tmp_path / "vllm")) == 0
     assert _losses(tmp_path / "vllm") == pytest.approx(_losses(tmp_path / "ref"), rel=1e-4)
     served = [s.requests_served() - b for s, b in zip(servers, before, strict=True)]
     assert min(served) > 0, served  # round-robin: both servers answered

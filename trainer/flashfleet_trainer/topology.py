@@ -173,8 +173,9 @@ def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, req
         if args.drafter_serves_target:  # a replica of its own, counted after the node's target workers
             local = load_target(len(plan.target_devices) + local_rank, f"drafter rank {rank}'s target", device, args,
                                 plan.layer_ids, events)
-        feed = QueueFeed(requests, replies[local_rank], local_rank, depth, device, local=local, all_replies=replies,
-                         want_last=wants_final_state(args))
+        feed = None if args.target_servers else QueueFeed(  # None: the Trainer asks the vLLM servers itself
+            requests, replies[local_rank], local_rank, depth, device, local=local, all_replies=replies,
+            want_last=wants_final_state(args))
         r = Rank(rank=rank, world=world, local_rank=local_rank, n_targets=n_targets,
                  notifier=QueueNotifier(events) if local_rank == 0 else Notifier.null(), stop_event=stop_event,
                  main_pid=main_pid)
@@ -227,7 +228,8 @@ class Node:
         self.store = None  # the c10d TCPStore (set in rendezvous; None for a single rank)
         self.endpoint = None  # the rendezvous address (across nodes)
         self.beats = None  # once all have joined: {other node: (its last heartbeat seen, monotonic time seen)}
-        self.n_targets_total = self.T  # target workers in the whole run (rendezvous counts other nodes')
+        # target workers (or vLLM target servers) in the whole run (rendezvous counts other nodes')
+        self.n_targets_total = self.T or len(plan.servers)
         # Set in spawn: the queues and shared state every child gets, and the children themselves.
         self.requests = self.events = self.stop = self.crashed_at = None
         self.replies = []
@@ -257,7 +259,7 @@ class Node:
                    f"and every node starts again from the newest checkpoint")
             self._publish_failure(self.node, why)
             raise TopologyError(why)
-        me = {"host": socket.gethostname(), "targets": self.T, "drafters": self.D}
+        me = {"host": socket.gethostname(), "targets": self.n_targets_total, "drafters": self.D}
         self._beat()
         self.store.set(f"join/{self.node}", json.dumps(me))
         keys = [f"join/{i}" for i in range(a.nnodes)]

@@ -739,7 +739,7 @@ def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None
 
     Returns the final phase. Errors are recorded in status.json (rank 0) and re-raised.
     """
-    r = rank or Rank()
+    r = rank or Rank(n_targets=max(1, len(plan.servers)))  # in-process: one target, or the vLLM servers
     out = Path(args.output_dir)
     if r.is_main:
         # pid: the process systemd watches; a main process of its own owns status.json's `workers`

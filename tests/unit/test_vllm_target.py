@@ -35,6 +35,9 @@ from flashfleet_trainer.vllm_target import (
     read_hidden,
     serve_argv,
 )
+from flashfleet_trainer.vllm_target import (
+    main as probe_main,
+)
 from safetensors.torch import save_file
 
 from tests.unit.conftest import tiny_argv
@@ -167,6 +170,14 @@ def test_features_from_the_server_equal_the_in_process_targets(servers, argv):
     finally:
         feed.close()
     assert list((servers[0].storage).iterdir()) == []  # every file read and removed
+
+
+def test_the_readiness_probe_passes_a_ready_server_and_fails_at_once_on_other_layers(servers, capsys):
+    want = server_layer_ids(LAYERS, N_LAYERS)
+    assert probe_main([servers[0].url, "--layers", ",".join(map(str, want))]) == 0
+    t0 = time.monotonic()
+    assert probe_main([servers[0].url, "--layers", "1,4", "--timeout", "60"]) == 1
+    assert time.monotonic() - t0 < 30 and "extracts vLLM layers [3, 4], the run needs [1, 4]" in capsys.readouterr().err
 
 
 def _losses(out):

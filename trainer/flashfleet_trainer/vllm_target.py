@@ -258,18 +258,58 @@ def check_servers(spec, layer_ids, num_layers, max_seq_len, vocab) -> tuple[list
     short sequence (its file read, checked by the guards and removed). Raises TargetServerError."""
     servers, lines = [Server(u) for u in parse_servers(spec)], []
     want = server_layer_ids(layer_ids, num_layers)
-    probe = [t % vocab for t in range(1, 9)]
     for s in servers:
-        s.connect()
-        if _version_tuple(s.version) < MIN_VLLM:
-            raise TargetServerError(f"vLLM target server {s.url} runs vLLM {s.version}, older than "
-                                    f"{'.'.join(map(str, MIN_VLLM))}, the oldest whose hand-over of hidden states "
-                                    "is tested here (older builds returned zeros for hybrid targets)")
+        seconds = probe(s, want, vocab)
         if s.max_model_len and s.max_model_len < max_seq_len + 1:
             raise TargetServerError(f"vLLM target server {s.url} takes {s.max_model_len} tokens, but --max-seq-len "
                                     f"{max_seq_len} needs {max_seq_len + 1} (the sequence and one output token)")
-        t0 = time.perf_counter()
-        check_hidden(read_hidden(s.extract(probe)), probe, want, s.url)
         lines.append(f"vLLM {s.version} at {s.url} serving {s.model} (max {s.max_model_len} tokens): extracts "
-                     f"vLLM layers {want}; probe extraction ok in {time.perf_counter() - t0:.2f} s")
+                     f"vLLM layers {want}; probe extraction ok in {seconds:.2f} s")
     return servers, lines
+
+
+def probe(server: Server, want, vocab=None) -> float:
+    """Connect, check the version, extract a short sequence and check it (read_hidden, check_hidden):
+    the seconds the extraction took. Raises TargetServerError."""
+    server.connect()
+    if _version_tuple(server.version) < MIN_VLLM:
+        raise TargetServerError(f"vLLM target server {server.url} runs vLLM {server.version}, older than "
+                                f"{'.'.join(map(str, MIN_VLLM))}, the oldest whose hand-over of hidden states "
+                                "is tested here (older builds returned zeros for hybrid targets)")
+    seq = [t % (vocab or 1 << 30) for t in range(1, 9)]
+    t0 = time.perf_counter()
+    check_hidden(read_hidden(server.extract(seq)), seq, want, server.url)
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    """`dflash-vllm-probe URL --layers 3,4 [--timeout S]`: wait until a vLLM target server answers a
+    real extraction of the layers given (vLLM ids, as --serve-config prints them), then exit 0; a
+    server unit's readiness check (ExecStartPost), so that `systemctl start` means "hands out
+    features", not "listens". Exit 1 with one line at once when the server answers wrongly (other
+    layers, zeros), or after --timeout seconds unreachable."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="dflash-vllm-probe", description=main.__doc__.split(":")[0])
+    p.add_argument("url")
+    p.add_argument("--layers", required=True, help="vLLM layer ids the server must extract, e.g. 3,4")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the server to answer")
+    a = p.parse_args(argv)
+    want = [int(x) for x in a.layers.split(",")]
+    server, deadline = Server(parse_servers(a.url)[0]), time.monotonic() + a.timeout
+    while True:
+        try:
+            seconds = probe(server, want)
+            print(f"vLLM {server.version} at {server.url} ({server.model}) extracts layers {want}: "
+                  f"probe ok in {seconds:.2f} s", flush=True)
+            return 0
+        except TargetServerError as e:
+            if "unreachable" not in str(e) or time.monotonic() > deadline:
+                print(f"dflash-vllm-probe: {e}", file=sys.stderr, flush=True)
+                return 1
+        time.sleep(2)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -204,8 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--check", action="store_true", help="validate everything that can be validated without training, "
                    "print a summary and exit 0, or exit 78 with one line naming the problem")
-    p.add_argument("--serve-config", action="store_true", help="print, as JSON, the vLLM settings a target "
-                   "server for this run needs (--target-servers), then exit: the layers to extract and the connector")
+    p.add_argument("--serve-config", action="store_true", help="print, as JSON, what a vLLM target server for "
+                   "this run needs, then exit: `argv` (the extraction method, its layers, flashfleet's connector) "
+                   "and `layers` (the vLLM layer ids, for dflash-vllm-probe)")
     p.add_argument("--plan", action="store_true", help="measure a few steps of target and drafter on the first "
                    "device of each, print the split of the node's devices that maximises drafter rows/s, exit 0")
     p.add_argument("--plan-steps", type=int, default=3, help="measured steps for --plan (>= 1, after one warm-up step)")

@@ -2,7 +2,7 @@
 
     preflight   always first (preflight.py): the same checks for --check and for a real start
     --check     print what preflight found, exit 0
-    --serve-config  print, as a JSON list, the arguments a vLLM target server needs for this run
+    --serve-config  print, as JSON, the arguments a vLLM target server needs for this run and its layers
     --plan      measure one target and one drafter, print the best split of the node (planner.py)
     otherwise   one target + one drafter on one device: this process is the one rank (trainer.py);
                 anything else: this process starts and watches the node's workers (topology.py)
@@ -24,9 +24,11 @@ def run(args, log=print, on_step=None) -> int:
     """Preflight, then --check, --plan, or train. ConfigError propagates (the CLI turns it into exit 78)."""
     plan = preflight(args)
     if args.serve_config:
+        from .vllm_format import server_layer_ids
         from .vllm_target import serve_argv
 
-        log(json.dumps(serve_argv(plan.layer_ids, plan.num_target_layers)))
+        log(json.dumps({"argv": serve_argv(plan.layer_ids, plan.num_target_layers),
+                        "layers": server_layer_ids(plan.layer_ids, plan.num_target_layers)}))
         return 0
     if args.check:
         for line in plan.summary:

@@ -32,12 +32,20 @@ VERDICT_UNIT_TEMPLATE = "flashfleet-verdict@.service"
 WEBHOOK_URL_ENV = "FLASHFLEET_WEBHOOK_URL"
 WEBHOOK_TOKEN_ENV = "FLASHFLEET_WEBHOOK_TOKEN"
 WEBHOOK_TIMEOUT_ENV = "FLASHFLEET_WEBHOOK_TIMEOUT_S"
+# A run whose target runs in vLLM (its `vllm:` entry): one server unit per server of a host,
+# flashfleet-vllm@<run>-<i>.service, which the run's trainer unit Wants and starts After.
+VLLM_UNIT_TEMPLATE = "flashfleet-vllm@.service"
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def unit_name(run: str) -> str:
     """The run's systemd unit, e.g. flashfleet-train@v2.service."""
     return UNIT_TEMPLATE.replace("@", "@" + run)
+
+
+def vllm_unit_names(run: str, servers: int) -> list[str]:
+    """The run's vLLM server units on a host, e.g. [flashfleet-vllm@v2-0.service, ...]."""
+    return [VLLM_UNIT_TEMPLATE.replace("@", f"@{run}-{i}") for i in range(servers)]
 
 
 def verdict_unit_name(run: str) -> str:

@@ -7,6 +7,7 @@ so that no role spells an exit code, a pattern, a file name or a lock rule of it
     {{ 'layout.STATUS' | flashfleet_contract }}                   status.json
     {{ 'status.FINAL_PHASES' | flashfleet_contract }}             ['completed', 'failed', 'stopped']
     {{ run | flashfleet_unit_name }}                              flashfleet-train@<run>.service
+    {{ run | flashfleet_vllm_unit_names(2) }}                     [flashfleet-vllm@<run>-0.service, ...-1...]
     {{ lock_text | flashfleet_lock_problem }}                     '' or why the text is not a lock
     {{ lock_text | flashfleet_lock_pins }}                        {normalized name: version}
 
@@ -65,6 +66,11 @@ def flashfleet_unit_name(run):
     return _module("layout").unit_name(str(run))
 
 
+def flashfleet_vllm_unit_names(run, servers):
+    """{{ run | flashfleet_vllm_unit_names(n) }}: the run's n vLLM server units on a host."""
+    return _module("layout").vllm_unit_names(str(run), int(servers))
+
+
 def flashfleet_lock_problem(text):
     """'' when `text` is a lock by the contract's rules (the drift check's), else why it is not."""
     try:
@@ -87,6 +93,7 @@ class FilterModule:
         return {
             "flashfleet_contract": flashfleet_contract,
             "flashfleet_unit_name": flashfleet_unit_name,
+            "flashfleet_vllm_unit_names": flashfleet_vllm_unit_names,
             "flashfleet_lock_problem": flashfleet_lock_problem,
             "flashfleet_lock_pins": flashfleet_lock_pins,
         }

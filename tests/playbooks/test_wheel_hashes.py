@@ -42,7 +42,7 @@ def host(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     (venv / "bin/uv").symlink_to(Path(sys.executable).parent / "uv")
-    wheel = _wheel(tmp_path / "wheelhouse/cpu")
+    wheel = _wheel(tmp_path / "wheelhouse/node-cpu")
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     (venv / "flashfleet.lock").write_text(f"{NAME.replace('_', '-')}=={VERSION} \\\n    --hash=sha256:{digest}\n")
     return venv, wheel

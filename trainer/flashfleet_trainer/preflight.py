@@ -618,9 +618,10 @@ def preflight(args) -> Plan:
         total = torch.cuda.get_device_properties(int(d.split(":")[1])).total_memory
         if replica > total:
             raise ConfigError(f"one target replica needs about {replica / 2**30:.1f} GiB in bf16 but {d} has "
-                              f"{total / 2**30:.1f} GiB in all: a target that does not fit one GPU needs tensor "
-                              "parallelism or a serving engine, which this trainer does not do yet",
-                              "use GPUs with more memory or a smaller target")
+                              f"{total / 2**30:.1f} GiB in all: a target that does not fit one GPU runs in "
+                              "vLLM, with its tensor parallelism",
+                              "serve the target with vLLM and pass --target-servers (docs/trainer.md, \"The target "
+                              "in vLLM\"), or use GPUs with more memory")
     for d, b in memory_need(params, drafter_params, replica_devices, drafter_devices).items():
         free = _mem_available_bytes() if d == "cpu" else torch.cuda.mem_get_info(int(d.split(":")[1]))[0]
         if b > free:

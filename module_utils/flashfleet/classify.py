@@ -90,6 +90,9 @@ ACTIONS = {
     "fix-venv": "re-sync the venv from the lock (provision: python_env role) and compare `venv` drift in "
                 "evidence.json; a binary built for another torch, CUDA or CPU must be rebuilt or replaced",
     "restage": "a staged file (model, dataset) is corrupt or truncated: stage it again (dataset role), then train.yml",
+    "check-target-server": "find in the vLLM target server's journal why it went (out of memory at load, a KV "
+                           "cache too small, NCCL) and fix that: a server that died restarts by itself, and the "
+                           "trainer's unit resumes the run from its newest checkpoint once the server answers again",
     "investigate": "no mechanical fix: read the lines shown and evidence.json (journal, kernel log)",
     "check-host": "the host gave no evidence: check that it is reachable and that diagnose.yml can run there",
 }
@@ -294,6 +297,9 @@ HINTS = (
      "a model or checkpoint file is corrupt or truncated (or a Git LFS pointer): stage it again", "restage"),
     (RE_TORCH_SHORT_WRITE, "a checkpoint write came up short: check free space and the health of the output filesystem",
      "free-disk"),
+    (messages.TARGET_SERVER_RE,
+     "the run's vLLM target server (named in the line) died, is unreachable or answered wrongly: read its unit's "
+     f"journal (journalctl -u '{layout.VLLM_UNIT_TEMPLATE.replace('@', '@RUN-*')}')", "check-target-server"),
     (re.compile(r"No space left on device|\[Errno 28\]"),
      "free space on the output filesystem (or lower keep-last checkpoints), then restart; the unit resumes from the "
      "newest complete checkpoint", "free-disk"),

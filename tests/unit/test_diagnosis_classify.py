@@ -422,3 +422,17 @@ def test_nonfinite_loss_is_its_own_verdict():
     d = fc.classify(ev)
     assert d["verdict"] == "nonfinite-loss" and d["action"] == "fix-config", d
     assert "non-finite loss nan at optimizer step 4990" in d["reason"]
+
+
+def test_a_dead_vllm_target_server_points_at_the_servers_units():
+    """The last line of the trainer's traceback when its vLLM target server went (as
+    tests/unit/test_vllm_target.py's killed server makes it): the action names the server units."""
+    ev = evidence("handbuilt/crash.json")
+    line = (f"flashfleet_trainer.vllm_target.TargetServerError: {messages.TARGET_SERVER} http://127.0.0.1:8100 "
+            "unreachable or failed during /v1/completions (URLError: <urlopen error [Errno 111] Connection refused>)")
+    for e in ev["journal"]["entries"]:
+        if e["MESSAGE"] == "KeyError: 'input_ids'":
+            e["MESSAGE"] = line
+    out = fc.classify(ev)
+    assert out["verdict"] == "crash" and out["action"] == "check-target-server", out
+    assert "flashfleet-vllm@" in out["next_step"] and "http://127.0.0.1:8100" in out["reason"], out

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 import torch
+from flashfleet.contract.messages import TARGET_SERVER
 
 from .feed import Features, pad_batch
 from .vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
@@ -81,9 +82,9 @@ class Server:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:300]
-            raise TargetServerError(f"vLLM target server {self.url}{path} answered HTTP {e.code}: {detail}") from e
+            raise TargetServerError(f"{TARGET_SERVER} {self.url}{path} answered HTTP {e.code}: {detail}") from e
         except (OSError, ValueError, http.client.HTTPException) as e:  # refused, reset, cut short, timed out, not JSON
-            raise TargetServerError(f"vLLM target server {self.url} unreachable or failed during {path} "
+            raise TargetServerError(f"{TARGET_SERVER} {self.url} unreachable or failed during {path} "
                                     f"({type(e).__name__}: {e})") from e
 
     def connect(self) -> "Server":
@@ -91,7 +92,7 @@ class Server:
         self.version = self._call("/version", timeout=CONNECT_TIMEOUT_S).get("version", "?")
         models = self._call("/v1/models", timeout=CONNECT_TIMEOUT_S).get("data") or []
         if len(models) != 1:
-            raise TargetServerError(f"vLLM target server {self.url} serves {len(models)} models, not one")
+            raise TargetServerError(f"{TARGET_SERVER} {self.url} serves {len(models)} models, not one")
         self.model, self.max_model_len = models[0]["id"], int(models[0].get("max_model_len") or 0)
         return self
 
@@ -101,7 +102,7 @@ class Server:
                                                "max_tokens": 1, "temperature": 0.0})
         path = (reply.get("kv_transfer_params") or {}).get("hidden_states_path")
         if not path:
-            raise TargetServerError(f"vLLM target server {self.url} returned no hidden_states_path: it was not "
+            raise TargetServerError(f"{TARGET_SERVER} {self.url} returned no hidden_states_path: it was not "
                                     "started with the extract_hidden_states method and flashfleet's connector")
         return path
 
@@ -135,7 +136,7 @@ def check_hidden(tensors: dict, sent, want_ids, url: str) -> torch.Tensor:
     (vLLM builds before mid-2026 returned all-zero states for Qwen3.5/3.6 hybrid targets: a drafter
     trained on them looks fine in training and is almost never accepted when served.)"""
     h, tokens, ids = tensors[HIDDEN_KEY], tensors[TOKENS_KEY], tensors.get(LAYER_IDS_KEY)
-    where = f"vLLM target server {url}"
+    where = f"{TARGET_SERVER} {url}"
     if ids is None or ids.tolist() != list(want_ids):
         raise TargetServerError(f"{where} extracts vLLM layers {None if ids is None else ids.tolist()}, the run "
                                 f"needs {list(want_ids)}: restart it with this run's layers (dflash-train "
@@ -261,7 +262,7 @@ def check_servers(spec, layer_ids, num_layers, max_seq_len, vocab) -> tuple[list
     for s in servers:
         seconds = probe(s, want, vocab)
         if s.max_model_len and s.max_model_len < max_seq_len + 1:
-            raise TargetServerError(f"vLLM target server {s.url} takes {s.max_model_len} tokens, but --max-seq-len "
+            raise TargetServerError(f"{TARGET_SERVER} {s.url} takes {s.max_model_len} tokens, but --max-seq-len "
                                     f"{max_seq_len} needs {max_seq_len + 1} (the sequence and one output token)")
         lines.append(f"vLLM {s.version} at {s.url} serving {s.model} (max {s.max_model_len} tokens): extracts "
                      f"vLLM layers {want}; probe extraction ok in {seconds:.2f} s")
@@ -273,7 +274,7 @@ def probe(server: Server, want, vocab=None) -> float:
     the seconds the extraction took. Raises TargetServerError."""
     server.connect()
     if _version_tuple(server.version) < MIN_VLLM:
-        raise TargetServerError(f"vLLM target server {server.url} runs vLLM {server.version}, older than "
+        raise TargetServerError(f"{TARGET_SERVER} {server.url} runs vLLM {server.version}, older than "
                                 f"{'.'.join(map(str, MIN_VLLM))}, the oldest whose hand-over of hidden states "
                                 "is tested here (older builds returned zeros for hybrid targets)")
     seq = [t % (vocab or 1 << 30) for t in range(1, 9)]

@@ -59,6 +59,10 @@ def also_went_first(msg: str, first: int, why: str) -> str:
     return f"{msg}; node {first} went first: {why}"
 
 
+# A vLLM target server (--target-servers) that failed the run: vllm_target.TargetServerError's
+# messages begin with TARGET_SERVER and the URL; the classifier reads them (TARGET_SERVER_RE).
+TARGET_SERVER = "vLLM target server"
+TARGET_SERVER_RE = re.compile(r"TargetServerError: " + re.escape(TARGET_SERVER) + r" (?P<url>\S+)")
 CONFIG_ERROR_RE = re.compile(re.escape(CONFIG_ERROR_PREFIX) + r".*")
 NONFINITE_RE = re.compile(re.escape(ERROR_PREFIX) + r"non-finite (loss|grad norm) \S+ at optimizer step (\d+): ")
 PEER_FAILURE_RE = re.compile(re.escape(ERROR_PREFIX) + r".*node \d+ went first: ")

@@ -312,3 +312,30 @@ def test_an_unsupported_architecture_fails_the_check_naming_the_supported_ones(c
     assert rc == EX_CONFIG and len(err) == 1, err
     assert "is not supported (supported: qwen3, qwen3_5, qwen3_5_moe, and any composite config whose " \
            "text_config is qwen3, qwen3_5_text, qwen3_5_moe_text)" in err[0]
+
+
+def test_the_second_incidents_4_plus_4_run_asks_vllm_for_the_published_drafters_layers(
+        tmp_path, data_dir, no_weights_read, capsys):
+    """inventory/example's v2-ada (8 x 48 GB: two vLLM servers of TP 2 on GPUs 0-3, four drafter ranks
+    on 4-7) on the real Qwen3.6-27B config: the servers' GPUs and the drafters' are the card's eight,
+    and the trainer tells the servers to extract the published drafter's layers plus the last one."""
+    from flashfleet_trainer.vllm_target import serve_argv
+
+    from tests.unit.test_inventories import _inventory, _runs
+
+    run = _runs(_inventory("example"))["v2-ada"]
+    servers, tp = run["vllm"]["servers"], run["vllm"]["args"]["tensor-parallel-size"]
+    server_gpus = [g for s in servers for g in s["gpus"].split(",")]
+    drafter_gpus = run["trainer"]["drafter_gpus"].split(",")
+    assert all(len(s["gpus"].split(",")) == tp for s in servers)
+    assert sorted(server_gpus + drafter_gpus, key=int) == [str(i) for i in range(8)]
+    assert run["vllm"]["args"]["max-model-len"] >= run["trainer"]["max_seq_len"] + 1
+    model = fake_wrapped_checkpoint(tmp_path / "Qwen3.6-27B", QWEN36_27B)
+    config = dict(run["trainer"], target_model=str(model), data_dir=str(data_dir), output_dir=str(tmp_path / "run"),
+                  drafter_gpus="cpu",  # this machine has no GPU: the layers do not depend on it
+                  target_servers=",".join(f"http://127.0.0.1:{s['port']}" for s in servers))  # as train_unit sets it
+    (tmp_path / "v2-ada.json").write_text(json.dumps(config))
+    assert main(["--config", str(tmp_path / "v2-ada.json"), "--serve-config"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["layers"] == [2, 17, 32, 47, 62, 64]
+    assert printed["argv"] == serve_argv([1, 16, 31, 46, 61], 64)

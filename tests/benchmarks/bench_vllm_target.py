@@ -80,7 +80,7 @@ def main():
             for _ in range(10):
                 path = srv.extract(seq)
                 t0 = time.perf_counter()
-                h = read_hidden(path)["hidden_states"]
+                h = read_hidden(path, srv.url)["hidden_states"]
                 secs += time.perf_counter() - t0
                 nbytes += h.numel() * h.element_size()
         finally:

@@ -428,7 +428,7 @@ def test_a_dead_vllm_target_server_points_at_the_servers_units():
     """The last line of the trainer's traceback when its vLLM target server went (as
     tests/unit/test_vllm_target.py's killed server makes it): the action names the server units."""
     ev = evidence("handbuilt/crash.json")
-    line = (f"flashfleet_trainer.vllm_target.TargetServerError: {messages.TARGET_SERVER} http://127.0.0.1:8100 "
+    line = (f"flashfleet_trainer.config.UnreachableServerError: {messages.TARGET_SERVER} http://127.0.0.1:8100 "
             "unreachable or failed during /v1/completions (URLError: <urlopen error [Errno 111] Connection refused>)")
     for e in ev["journal"]["entries"]:
         if e["MESSAGE"] == "KeyError: 'input_ids'":

@@ -14,6 +14,7 @@ vision model, which needs torchvision, and PyPI has no torchvision for torch's +
 import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ import time
 
 import pytest
 import torch
+from flashfleet.contract import messages
 from flashfleet_trainer.cli import main
 from flashfleet_trainer.config import EX_CONFIG, parse_args
 from flashfleet_trainer.data import load_data
@@ -95,11 +97,11 @@ def test_a_file_is_read_once_its_writer_is_done_and_then_removed(tmp_path):
         os.close(fd)
     threading.Thread(target=writer).start()
     t0 = time.monotonic()
-    got = read_hidden(path)
+    got = read_hidden(path, "http://s")
     assert time.monotonic() - t0 >= 0.25 and got[HIDDEN_KEY].shape == (5, 2, 8)
     assert os.listdir(tmp_path) == []
     with pytest.raises(TargetServerError, match="not on this host"):
-        read_hidden(str(tmp_path / "elsewhere.safetensors"))
+        read_hidden(str(tmp_path / "elsewhere.safetensors"), "http://s")
 
 
 @pytest.mark.parametrize("servers,extra,why", [
@@ -112,9 +114,12 @@ def test_bad_server_flags_are_refused_before_anything_is_contacted(trainer_argv,
     assert why in capsys.readouterr().err
 
 
-def test_an_unreachable_server_fails_the_start_for_a_retry_not_for_good(trainer_argv):
-    with pytest.raises(TargetServerError, match="unreachable"):
-        main(trainer_argv("--target-servers", "http://127.0.0.1:9", "--check"))
+def test_an_unreachable_server_fails_the_start_for_a_retry_not_for_good(trainer_argv, capsys):
+    assert main(trainer_argv("--target-servers", "http://127.0.0.1:9", "--check")) == 1  # not 78: a restart helps
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "flashfleet_trainer.config.UnreachableServerError: vLLM target server http://127.0.0.1:9 unreachable"), err
+    assert re.match(messages.START_FAILURE_PATTERN, err[0]) and messages.TARGET_SERVER_RE.search(err[0])
 
 
 # ---- real vLLM servers ---------------------------------------------------------------------------
@@ -218,12 +223,33 @@ def test_a_killed_server_ends_the_run_clearly_and_the_restart_resumes(servers, a
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, log
-    assert f"TargetServerError: vLLM target server {victim.url} unreachable" in log
+    assert f"UnreachableServerError: vLLM target server {victim.url} unreachable" in log
     st = json.loads((out / "status.json").read_text())
-    assert st["phase"] == "failed" and "TargetServerError" in st["last_error"] and victim.url in st["last_error"]
+    assert st["phase"] == "failed" and st["last_error"].startswith(f"UnreachableServerError: vLLM target server {victim.url}")
     step_at_death = st["step"]
     victim.start()  # back on the same port: the unit's restart finds it
     done = subprocess.run([*cmd, "--max-steps", str(step_at_death + 2)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "resumed from" in done.stdout and f"completed at step {step_at_death + 2}" in done.stdout
+
+
+def test_a_final_evaluation_that_cannot_fit_beside_the_drafter_is_refused_at_check(trainer_argv, capsys, monkeypatch):
+    """A target served by vLLM because it fits no GPU would be loaded whole for the final tau: refused
+    (78) with the way out, here with a 48 GB card that the tiny target is made to outgrow."""
+    import types
+
+    import flashfleet_trainer.preflight as pf
+    import flashfleet_trainer.vllm_target as vt
+
+    monkeypatch.setattr(vt, "check_servers", lambda *a, **k: ([], ["vLLM stand-in"]))  # no server contacted
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=48e9))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (47e9, 48e9))
+    real = pf.target_weights
+    monkeypatch.setattr(pf, "target_weights", lambda d: types.SimpleNamespace(
+        params=26e9, nbytes=52e9, wrapped=False, skipped=0, shapes=real(d).shapes))  # a 26B target's headers
+    argv = trainer_argv("--target-servers", "http://127.0.0.1:8100", "--drafter-gpus", "0", "--check")
+    assert main([*argv, "--eval-num-prompts", "4"]) == EX_CONFIG
+    assert "pass --eval-num-prompts 0" in capsys.readouterr().err
+    assert main([*argv, "--eval-num-prompts", "0"]) == 0

@@ -3,14 +3,15 @@
 0 = finished or stopped by SIGTERM after saving; 78 = configuration/start-up error, printed as
 ONE line on stderr (the unit does not restart on it), a malformed command line included;
 65 = the loss or gradient norm became NaN or infinite (one line on stderr and in status.json's
-last_error; the newest checkpoint is the last good one); anything else propagates as a traceback
+last_error; the newest checkpoint is the last good one); 1 with one line = a vLLM target server
+failed (--target-servers: the unit's restart resumes once it answers again); anything else propagates as a traceback
 (for the journal) after the rank (trainer.run_rank) has recorded it in status.json.
 What runs after parsing (check, plan, one process or a node) is launch.run's choice.
 """
 
 import sys
 
-from .config import EX_CONFIG, EX_NONFINITE, ConfigError, NonFiniteLoss, parse_args
+from .config import EX_CONFIG, EX_NONFINITE, ConfigError, NonFiniteLoss, TargetServerError, parse_args
 
 
 def main(argv=None) -> int:
@@ -25,6 +26,9 @@ def main(argv=None) -> int:
     except NonFiniteLoss as e:
         print(e.line(), file=sys.stderr, flush=True)
         return EX_NONFINITE
+    except TargetServerError as e:  # a server to restart, not a bug: one line (a traceback's last), and a retry
+        print(f"{type(e).__module__}.{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

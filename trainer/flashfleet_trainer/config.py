@@ -29,6 +29,15 @@ class ConfigError(Exception):
         return messages.config_error(self.what, self.fix)
 
 
+class TargetServerError(RuntimeError):
+    """A vLLM target server (--target-servers) is unreachable, failed, or handed back features the
+    run must not train on: exit 1, so the unit's restart resumes once the server answers again."""
+
+
+class UnreachableServerError(TargetServerError):
+    """The server did not answer at all (not started yet, restarting, or dead)."""
+
+
 EX_NONFINITE = messages.EX_NONFINITE
 
 

@@ -8,7 +8,7 @@ device. The Trainer calls, in this order:
                                  micro-batches this rank will ask for, in order (for prefetching)
     feed.get(key, idx)           once per micro-batch, key = (epoch, index), idx = its sequence
                                  ids, in the order of `upcoming`: returns its Features
-    feed.close()                 once, when the rank has finished training
+    feed.close(wait)             once, when the rank has finished training (wait=True) or failed (False)
 
 InProcessFeed: the target lives in the drafter's own process and is called in-line, one
 micro-batch at a time (one node, one target, one drafter, same device).
@@ -50,7 +50,7 @@ class Feed(Protocol):
 
     def get(self, key, idx) -> Features: ...
 
-    def close(self) -> None: ...
+    def close(self, wait: bool = True) -> None: ...
 
 
 def pad_batch(data, idx):
@@ -110,7 +110,7 @@ class InProcessFeed(Feed):
         dt = time.perf_counter() - t0
         return Features(feats, last, lengths, dt, dt)
 
-    def close(self):
+    def close(self, wait=True):
         pass
 
 
@@ -185,5 +185,5 @@ class QueueFeed(Feed):
             self.all_replies[drafter].put(reply)
         return reply[4]  # the target's seconds
 
-    def close(self):
+    def close(self, wait=True):
         pass

@@ -80,7 +80,7 @@ def in_process_layout(nnodes, target_devices, drafter_devices) -> bool:
     return nnodes == 1 and len(drafter_devices) == 1 and list(target_devices) in ([], list(drafter_devices))
 
 
-def check_target_servers(args, layer_ids, n_layers, vocab, summary) -> list:
+def check_target_servers(args, layer_ids, n_layers, vocab, hidden, summary) -> list:
     """--target-servers: refused with --drafter-serves-target (no replica to serve with); at a start
     or --check each server is asked for a real extraction (vllm_target.check_servers), whose lines
     join the summary; --serve-config contacts nobody. A server that cannot answer raises
@@ -98,7 +98,7 @@ def check_target_servers(args, layer_ids, n_layers, vocab, summary) -> list:
                           "http://127.0.0.1:8101") from e
     if args.serve_config:
         return []
-    servers, lines = check_servers(args.target_servers, layer_ids, n_layers, args.max_seq_len, vocab)
+    servers, lines = check_servers(args.target_servers, layer_ids, n_layers, args.max_seq_len, vocab, hidden)
     summary.extend(lines)
     return servers
 
@@ -565,7 +565,7 @@ def preflight(args) -> Plan:
     servers = []
     if args.target_servers:  # the target runs in vLLM: no target workers, no replica in this trainer
         target_devices = []
-        servers = check_target_servers(args, layer_ids, n_layers, vocab, summary)
+        servers = check_target_servers(args, layer_ids, n_layers, vocab, h, summary)
     else:
         target_devices = parse_devices(args.target_gpus, "--target-gpus")
     check_devices(args, target_devices, drafter_devices)
@@ -630,6 +630,15 @@ def preflight(args) -> Plan:
                               f"{free / 2**30:.1f} GiB is free", f"use more/larger GPUs or fewer draft layers{serving}")
     summary.append(f"memory estimate: target {params / 1e6:.1f}M params, drafter ~{drafter_params / 1e6:.1f}M "
                    "trainable; fits free memory (activations not counted)")
+    if args.target_servers and args.eval_num_prompts > 0:  # the final evaluation borrows a replica (trainer.evaluate)
+        for d in dict.fromkeys(d for d in drafter_devices if d != "cpu"):
+            total = torch.cuda.get_device_properties(int(d.split(":")[1])).total_memory
+            if replica + drafter_params * 16 > total:
+                raise ConfigError(f"--eval-num-prompts {args.eval_num_prompts} with --target-servers: the final "
+                                  f"evaluation would load the whole target (~{replica / 2**30:.1f} GiB in bf16) beside "
+                                  f"the drafter on {d} ({total / 2**30:.1f} GiB)",
+                                  "pass --eval-num-prompts 0 and measure tau by serving the export with vLLM "
+                                  "(docs/export.md)")
 
     settings = wandb_compat.parse_settings(args.wandb_settings)
     summary.append(wandb_compat.check(args.wandb_project, args.wandb_run_name, settings))

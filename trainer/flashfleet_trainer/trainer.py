@@ -770,6 +770,8 @@ def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None
             log(f"{phase} at step {trainer.step}")
         return phase
     except BaseException as e:
+        if trainer.feed is not None:
+            trainer.feed.close(wait=False)  # nothing more is asked of the targets
         why = e.line() if isinstance(e, NonFiniteLoss) else f"{type(e).__name__}: {e}".splitlines()[0]
         status.update(phase="failed", step=trainer.step, last_error=why)
         if wandb_run is not None:

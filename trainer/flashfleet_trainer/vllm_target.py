@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 import torch
 from flashfleet.contract.messages import TARGET_SERVER
 
+from .config import TargetServerError, UnreachableServerError
 from .feed import Features, pad_batch
 from .vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
 
@@ -40,10 +41,6 @@ from .vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
 MIN_VLLM = (0, 32, 0)
 REQUEST_TIMEOUT_S = 600.0  # one extraction: a long prefill behind a full batch on a busy server
 CONNECT_TIMEOUT_S = 10.0  # the start's questions (version, model): a server that cannot answer is down
-
-
-class TargetServerError(RuntimeError):
-    """A vLLM target server is unreachable, failed, or handed back features the run must not train on."""
 
 
 def parse_servers(spec) -> list[str]:
@@ -83,9 +80,12 @@ class Server:
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:300]
             raise TargetServerError(f"{TARGET_SERVER} {self.url}{path} answered HTTP {e.code}: {detail}") from e
-        except (OSError, ValueError, http.client.HTTPException) as e:  # refused, reset, cut short, timed out, not JSON
-            raise TargetServerError(f"{TARGET_SERVER} {self.url} unreachable or failed during {path} "
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, cut short, timed out
+            raise UnreachableServerError(f"{TARGET_SERVER} {self.url} unreachable or failed during {path} "
                                     f"({type(e).__name__}: {e})") from e
+        except ValueError as e:  # an answer that is not JSON: something else listens there
+            raise TargetServerError(f"{TARGET_SERVER} {self.url}{path} answered something not JSON ({e}): "
+                                    "is a vLLM server listening there?") from e
 
     def connect(self) -> "Server":
         """Ask the server its version and model (a server still loading is unreachable)."""
@@ -95,6 +95,13 @@ class Server:
             raise TargetServerError(f"{TARGET_SERVER} {self.url} serves {len(models)} models, not one")
         self.model, self.max_model_len = models[0]["id"], int(models[0].get("max_model_len") or 0)
         return self
+
+    def alive(self) -> bool:
+        try:
+            self._call("/version", timeout=CONNECT_TIMEOUT_S)
+            return True
+        except TargetServerError:
+            return False
 
     def extract(self, ids) -> str:
         """Hidden states of token ids `ids`: the path of the file the server writes them to."""
@@ -107,32 +114,37 @@ class Server:
         return path
 
 
-def read_hidden(path: str) -> dict:
-    """The tensors of one extraction file, read once the server's writer releases its lock, then
-    removed with the lock (they are transient; nothing else reads them)."""
+def read_hidden(path: str, url: str) -> dict:
+    """The tensors of one extraction file of server `url`, read once the server's writer releases
+    its lock; the file and its lock are removed either way (transient: nothing else reads them)."""
     from safetensors.torch import load_file
 
     lock = path + ".lock"
     try:
-        with open(lock) as lf:
-            fcntl.flock(lf, fcntl.LOCK_SH)  # sleeps until the writer's exclusive lock is released
-            tensors = load_file(path, device="cpu")
-    except FileNotFoundError as e:
-        raise TargetServerError(f"hidden-states file {e.filename} is not on this host: the vLLM servers must "
-                                "write to a directory the trainer reads (the same host's /dev/shm)") from e
-    except Exception as e:  # a writer that died mid-file
-        raise TargetServerError(f"hidden-states file {path} unreadable ({type(e).__name__}: {e})") from e
-    for p in (path, lock):
         try:
-            os.remove(p)
-        except FileNotFoundError:
-            pass
-    return tensors
+            lf = open(lock)
+        except FileNotFoundError as e:  # the server made it before replying, where it writes
+            raise TargetServerError(f"{TARGET_SERVER} {url} wrote {path}, which is not on this host: the servers "
+                                    "must write where the trainer reads (this host's /dev/shm)") from e
+        with lf:
+            fcntl.flock(lf, fcntl.LOCK_SH)  # sleeps until the writer's exclusive lock is released
+            try:
+                return load_file(path, device="cpu")
+            except Exception as e:  # no file or a partial one: the writer failed (a full /dev/shm, a crash)
+                raise TargetServerError(f"{TARGET_SERVER} {url} did not write {path} whole "
+                                        f"({type(e).__name__}: {e}): is /dev/shm full?") from e
+    finally:
+        for p in (path, lock):
+            try:
+                os.remove(p)
+            except OSError:
+                pass
 
 
-def check_hidden(tensors: dict, sent, want_ids, url: str) -> torch.Tensor:
+def check_hidden(tensors: dict, sent, want_ids, url: str, hidden: int | None = None) -> torch.Tensor:
     """The [T, layers, H] hidden states of one file, after the guards: the sequence is the one sent,
-    the layers those the run needs, every value finite, no layer all zero, no two layers identical.
+    the layers those the run needs, the width the target's (`hidden`, when given: a server of
+    another model fails here), every value finite, no layer all zero, no two layers identical.
     (vLLM builds before mid-2026 returned all-zero states for Qwen3.5/3.6 hybrid targets: a drafter
     trained on them looks fine in training and is almost never accepted when served.)"""
     h, tokens, ids = tensors[HIDDEN_KEY], tensors[TOKENS_KEY], tensors.get(LAYER_IDS_KEY)
@@ -144,6 +156,9 @@ def check_hidden(tensors: dict, sent, want_ids, url: str) -> torch.Tensor:
     if tokens.tolist() != [int(t) for t in sent] or h.shape[0] != len(sent):
         raise TargetServerError(f"{where} returned states of another sequence ({h.shape[0]} tokens for "
                                 f"{len(sent)} sent)")
+    if hidden is not None and h.shape[-1] != hidden:
+        raise TargetServerError(f"{where} returned states {h.shape[-1]} wide, the target's are {hidden}: it serves "
+                                "another model than --target-model")
     if not torch.isfinite(h).all():
         raise TargetServerError(f"{where} returned non-finite hidden states")
     flat = h.transpose(0, 1).reshape(h.shape[1], -1)
@@ -159,8 +174,9 @@ class VllmFeed:
     """feed.Feed over vLLM servers (module docstring). `norm`: the target's final norm (a module), or
     None when the run needs no final state (feed.wants_final_state)."""
 
-    def __init__(self, servers: list[Server], layer_ids, num_layers, norm, device, depth, max_batch_size):
+    def __init__(self, servers: list[Server], layer_ids, num_layers, norm, device, depth, max_batch_size, hidden=None):
         self.servers, self.layer_ids, self.norm, self.device = servers, list(layer_ids), norm, device
+        self.hidden = hidden  # the target's width, checked on every file
         self.want = server_layer_ids(layer_ids, num_layers)  # the columns of every file, in order
         self.cols = [self.want.index(i + 1) for i in self.layer_ids]
         self.last_col = self.want.index(num_layers)
@@ -168,7 +184,7 @@ class VllmFeed:
         self.pool = ThreadPoolExecutor(max_workers=min(64, self.depth * max_batch_size),
                                        thread_name_prefix="vllm-target")
         self.turn = itertools.cycle(range(len(servers)))  # round-robin, one sequence at a time
-        self.inflight = {}  # key -> (futures, lengths, time sent)
+        self.inflight = {}  # key -> one future per sequence of that micro-batch, in its order
         self.data = self.upcoming = None
 
     @classmethod
@@ -178,12 +194,13 @@ class VllmFeed:
         from .feed import wants_final_state
         from .model import load_final_norm
 
+        hidden = plan.drafter_config.hidden_size
         servers = plan.servers or check_servers(args.target_servers, plan.layer_ids, plan.num_target_layers,
-                                                args.max_seq_len, plan.vocab_size)[0]
+                                                args.max_seq_len, plan.vocab_size, hidden)[0]
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
         norm = load_final_norm(args.target_model, device, dtype) if wants_final_state(args) else None
         return cls(servers, plan.layer_ids, plan.num_target_layers, norm, device, args.queue_depth or 2,
-                   args.max_batch_size)
+                   args.max_batch_size, hidden)
 
     def start(self, data, upcoming):
         self.data, self.upcoming = data, upcoming
@@ -191,7 +208,15 @@ class VllmFeed:
 
     def _one(self, server: Server, seq) -> tuple[torch.Tensor, float]:
         t0 = time.perf_counter()
-        h = check_hidden(read_hidden(server.extract(seq)), seq, self.want, server.url)
+        path = server.extract(seq)
+        try:
+            tensors = read_hidden(path, server.url)
+        except TargetServerError as e:  # a writer that never finished: say so when its server is gone
+            if not server.alive():
+                raise UnreachableServerError(f"{TARGET_SERVER} {server.url} unreachable: it went down while "
+                                             f"writing {path}") from e
+            raise
+        h = check_hidden(tensors, seq, self.want, server.url, self.hidden)
         return h, time.perf_counter() - t0
 
     def _fill(self):
@@ -201,16 +226,14 @@ class VllmFeed:
                 return
             epoch, index, idx = item
             seqs = [self.data.seq(i)[0] for i in idx]
-            futures = [self.pool.submit(self._one, self.servers[next(self.turn)], s) for s in seqs]
-            self.inflight[(epoch, index)] = (futures, time.perf_counter())
+            self.inflight[(epoch, index)] = [self.pool.submit(self._one, self.servers[next(self.turn)], s) for s in seqs]
 
     def get(self, key, idx) -> Features:
         t0 = time.perf_counter()
-        ready = sum(all(f.done() for f in fs) for fs, _ in self.inflight.values())
+        ready = sum(all(f.done() for f in fs) for fs in self.inflight.values())
         occupancy = min(1.0, ready / self.depth)
-        futures, sent = self.inflight.pop(key)
-        answers = [f.result() for f in futures]  # re-raises a server's failure here, in the training loop
-        target_s = time.perf_counter() - sent  # the servers' latency for this micro-batch
+        answers = [f.result() for f in self.inflight.pop(key)]  # a server's failure is raised here, in the loop
+        target_s = max(s for _, s in answers)  # its slowest sequence: request, server, file (they run side by side)
         self._fill()
         ids, lengths = pad_batch(self.data, idx)
         feats = last = None
@@ -229,10 +252,11 @@ class VllmFeed:
             last[(torch.arange(ids.shape[1])[None] >= lengths[:, None]).to(last.device)] = 0
         return Features(feats, last, lengths, target_s, time.perf_counter() - t0, occupancy)
 
-    def close(self):
-        """Requests not sent yet are dropped; those a server has are waited for, so that their files
-        are read and removed too (the last micro-batches asked for ahead of the end)."""
-        self.pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, wait=True):
+        """Requests not sent yet are dropped; those a server has are waited for (wait=True, the end of
+        training), so that their files are read and removed too (the last micro-batches asked for
+        ahead of the end). After a failure (wait=False) nothing more is sent."""
+        self.pool.shutdown(wait=wait, cancel_futures=True)
 
 
 STORAGE_PATH = "/dev/shm/flashfleet-vllm"  # where servers write their files (names are unique per request)
@@ -253,14 +277,14 @@ def serve_argv(layer_ids, num_layers, storage_path=STORAGE_PATH) -> list[str]:
             "--no-enable-chunked-prefill"]
 
 
-def check_servers(spec, layer_ids, num_layers, max_seq_len, vocab) -> tuple[list[Server], list[str]]:
+def check_servers(spec, layer_ids, num_layers, max_seq_len, vocab, hidden=None) -> tuple[list[Server], list[str]]:
     """--target-servers at start and at --check: each server reachable, recent enough, serving
     sequences of --max-seq-len, and extracting this run's layers, proven by one real extraction of a
     short sequence (its file read, checked by the guards and removed). Raises TargetServerError."""
     servers, lines = [Server(u) for u in parse_servers(spec)], []
     want = server_layer_ids(layer_ids, num_layers)
     for s in servers:
-        seconds = probe(s, want, vocab)
+        seconds = probe(s, want, vocab, hidden)
         if s.max_model_len and s.max_model_len < max_seq_len + 1:
             raise TargetServerError(f"{TARGET_SERVER} {s.url} takes {s.max_model_len} tokens, but --max-seq-len "
                                     f"{max_seq_len} needs {max_seq_len + 1} (the sequence and one output token)")
@@ -269,7 +293,7 @@ def check_servers(spec, layer_ids, num_layers, max_seq_len, vocab) -> tuple[list
     return servers, lines
 
 
-def probe(server: Server, want, vocab=None) -> float:
+def probe(server: Server, want, vocab=None, hidden=None) -> float:
     """Connect, check the version, extract a short sequence and check it (read_hidden, check_hidden):
     the seconds the extraction took. Raises TargetServerError."""
     server.connect()
@@ -279,7 +303,7 @@ def probe(server: Server, want, vocab=None) -> float:
                                 "is tested here (older builds returned zeros for hybrid targets)")
     seq = [t % (vocab or 1 << 30) for t in range(1, 9)]
     t0 = time.perf_counter()
-    check_hidden(read_hidden(server.extract(seq)), seq, want, server.url)
+    check_hidden(read_hidden(server.extract(seq), server.url), seq, want, server.url, hidden)
     return time.perf_counter() - t0
 
 
@@ -306,7 +330,7 @@ def main(argv=None) -> int:
                   f"probe ok in {seconds:.2f} s", flush=True)
             return 0
         except TargetServerError as e:
-            if "unreachable" not in str(e) or time.monotonic() > deadline:
+            if not isinstance(e, UnreachableServerError) or time.monotonic() > deadline:
                 print(f"dflash-vllm-probe: {e}", file=sys.stderr, flush=True)
                 return 1
         time.sleep(2)

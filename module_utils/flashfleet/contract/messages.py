@@ -59,10 +59,11 @@ def also_went_first(msg: str, first: int, why: str) -> str:
     return f"{msg}; node {first} went first: {why}"
 
 
-# A vLLM target server (--target-servers) that failed the run: vllm_target.TargetServerError's
-# messages begin with TARGET_SERVER and the URL; the classifier reads them (TARGET_SERVER_RE).
+# A vLLM target server (--target-servers) that failed the run: the messages of the trainer's
+# TargetServerError (and UnreachableServerError) begin with TARGET_SERVER and the URL, printed as a
+# traceback's last line is; the classifier reads them (TARGET_SERVER_RE).
 TARGET_SERVER = "vLLM target server"
-TARGET_SERVER_RE = re.compile(r"TargetServerError: " + re.escape(TARGET_SERVER) + r" (?P<url>\S+)")
+TARGET_SERVER_RE = re.compile(r"Error: " + re.escape(TARGET_SERVER) + r" (?P<url>https?://\S+)")
 CONFIG_ERROR_RE = re.compile(re.escape(CONFIG_ERROR_PREFIX) + r".*")
 NONFINITE_RE = re.compile(re.escape(ERROR_PREFIX) + r"non-finite (loss|grad norm) \S+ at optimizer step (\d+): ")
 PEER_FAILURE_RE = re.compile(re.escape(ERROR_PREFIX) + r".*node \d+ went first: ")

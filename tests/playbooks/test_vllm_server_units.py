@@ -97,6 +97,8 @@ def test_each_server_runs_the_runs_extraction_on_its_own_port_and_gpus(tmp_path,
         assert argv[3 + len(SERVE["argv"]):] == ["--no-enable-prefix-caching", "--enforce-eager", "--max-model-len",
                                                   "8192", "--tensor-parallel-size", "2"]  # by name
         probe = _systemd_words(_directives(conf, "ExecStartPost")[0])
+        assert probe[:3] == ["/usr/bin/env", "-u", "PYTHONPATH"]  # the trainer venv's package, not the connector's
+        probe = probe[3:]
         assert probe[0].endswith("/bin/dflash-vllm-probe") and probe[1:] == [
             f"http://127.0.0.1:{port}", "--layers", "2,17,32,47,62,64"]
     unit = files["flashfleet-vllm@.service"]

@@ -3,8 +3,9 @@ vLLM servers (vLLM's CPU build, tests/vllm_server.py) serving the tiny Qwen3 tar
 
 - the features equal the in-process target's, final state included;
 - two drafter ranks trained through two servers give the in-process run's losses, and both served;
-- a server killed mid-run ends the run with a clear error; once it is back, the same command
-  resumes from the newest checkpoint (what the unit's restart does);
+- a server killed mid-run ends the run with a clear error; the same command started again while
+  the server reloads waits for it and resumes from the newest checkpoint (what the unit's restart
+  does);
 - nothing is left in the servers' storage directory.
 
 The hybrid Qwen3.5 tiny target is not served here: vLLM 0.32.0's Qwen3.5 module imports its
@@ -227,11 +228,18 @@ def test_a_killed_server_ends_the_run_clearly_and_the_restart_resumes(servers, a
     st = json.loads((out / "status.json").read_text())
     assert st["phase"] == "failed" and st["last_error"].startswith(f"UnreachableServerError: vLLM target server {victim.url}")
     step_at_death = st["step"]
-    victim.start()  # back on the same port: the unit's restart finds it
-    done = subprocess.run([*cmd, "--max-steps", str(step_at_death + 2)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "resumed from" in done.stdout and f"completed at step {step_at_death + 2}" in done.stdout
+    # The unit's restart comes while the server still reloads: the start waits for it, then resumes.
+    rerun = subprocess.Popen([*cmd, "--max-steps", str(step_at_death + 2)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        victim.start()  # back on the same port
+        out, _ = rerun.communicate(timeout=300)
+    finally:
+        if rerun.poll() is None:
+            rerun.kill()
+    assert rerun.returncode == 0, out
+    assert f"waiting for vLLM target server {victim.url} to answer" in out
+    assert "resumed from" in out and f"completed at step {step_at_death + 2}" in out
 
 
 def test_a_final_evaluation_that_cannot_fit_beside_the_drafter_is_refused_at_check(trainer_argv, capsys, monkeypatch):

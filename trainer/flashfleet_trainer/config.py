@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "instead of target workers: a target larger than one GPU, with vLLM's own tensor and data "
                         "parallelism; each started with this run's settings (--serve-config prints them); "
                         "--target-gpus is then unused")
+    t.add_argument("--target-server-wait", type=float, default=900.0, metavar="S",
+                   help="seconds a start waits for --target-servers that do not answer yet (a server restarting "
+                        "after a crash reloads its target), before it fails (>= 0; --check does not wait)")
     t.add_argument("--drafter-serves-target", action="store_true",
                    help="each drafter rank also loads a target replica on its own device and, while it would "
                         "wait for hidden states, serves the node's next request itself (the drafter's GPU "
@@ -316,7 +319,7 @@ def validate_numbers(args) -> None:
 
     for dest in ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip", "kl_temperature", "kl_weight",
                  "streak_alpha", "decay_gamma", "noise_start", "noise_end", "rdzv_timeout", "node_timeout",
-                 "eval_temperature"):
+                 "eval_temperature", "target_server_wait"):
         v = getattr(args, dest, None)
         flag = "--" + dest.replace("_", "-")
         need(v is None or math.isfinite(v), f"{flag} {v} is not a finite number", f"pass {flag} as a finite number")
@@ -353,6 +356,7 @@ def validate_numbers(args) -> None:
     at_least("eval_interval_prompts", 1, "e.g. 8")
     at_least("eval_temperature", 0, "e.g. 0 (greedy) or 1")
     at_least("queue_depth", 0, "e.g. --queue-depth 0 (auto)")
+    at_least("target_server_wait", 0, "e.g. --target-server-wait 900")
     at_least("plan_steps", 1, "e.g. 3")
     at_least("nnodes", 1, "e.g. 1")
     at_least("mask_token_id", 0, "drop it for the target's default spare row", optional=True)

@@ -98,7 +98,10 @@ def check_target_servers(args, layer_ids, n_layers, vocab, hidden, summary) -> l
                           "http://127.0.0.1:8101") from e
     if args.serve_config:
         return []
-    servers, lines = check_servers(args.target_servers, layer_ids, n_layers, args.max_seq_len, vocab, hidden)
+    # A start waits for servers that are (re)starting; --check says at once what it finds.
+    wait_s = 0.0 if args.check else args.target_server_wait
+    servers, lines = check_servers(args.target_servers, layer_ids, n_layers, args.max_seq_len, vocab, hidden,
+                                   wait_s, log=lambda s: print(s, flush=True))
     summary.extend(lines)
     return servers
 

@@ -41,6 +41,7 @@ from .vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
 MIN_VLLM = (0, 32, 0)
 REQUEST_TIMEOUT_S = 600.0  # one extraction: a long prefill behind a full batch on a busy server
 CONNECT_TIMEOUT_S = 10.0  # the start's questions (version, model): a server that cannot answer is down
+WAIT_LOG_S = 30.0  # while a start waits for a server (--target-server-wait): a line this often
 
 
 def parse_servers(spec) -> list[str]:
@@ -277,14 +278,16 @@ def serve_argv(layer_ids, num_layers, storage_path=STORAGE_PATH) -> list[str]:
             "--no-enable-chunked-prefill"]
 
 
-def check_servers(spec, layer_ids, num_layers, max_seq_len, vocab, hidden=None) -> tuple[list[Server], list[str]]:
+def check_servers(spec, layer_ids, num_layers, max_seq_len, vocab, hidden=None, wait_s=0.0,
+                  log=print) -> tuple[list[Server], list[str]]:
     """--target-servers at start and at --check: each server reachable, recent enough, serving
     sequences of --max-seq-len, and extracting this run's layers, proven by one real extraction of a
     short sequence (its file read, checked by the guards and removed). Raises TargetServerError."""
     servers, lines = [Server(u) for u in parse_servers(spec)], []
     want = server_layer_ids(layer_ids, num_layers)
+    deadline = time.monotonic() + wait_s
     for s in servers:
-        seconds = probe(s, want, vocab, hidden)
+        seconds = probe_until(s, want, deadline, vocab, hidden, log)
         if s.max_model_len and s.max_model_len < max_seq_len + 1:
             raise TargetServerError(f"{TARGET_SERVER} {s.url} takes {s.max_model_len} tokens, but --max-seq-len "
                                     f"{max_seq_len} needs {max_seq_len + 1} (the sequence and one output token)")
@@ -307,6 +310,24 @@ def probe(server: Server, want, vocab=None, hidden=None) -> float:
     return time.perf_counter() - t0
 
 
+def probe_until(server: Server, want, deadline, vocab=None, hidden=None, log=print) -> float:
+    """probe(), retried while the server does not answer and the deadline (time.monotonic) is ahead,
+    with a line every WAIT_LOG_S: a server that restarts (a 27B target reloads for minutes) is
+    waited for instead of failing the trainer's start again and again into its unit's start limit."""
+    t0 = last = time.monotonic()
+    while True:
+        try:
+            return probe(server, want, vocab, hidden)
+        except UnreachableServerError:
+            now = time.monotonic()
+            if now >= deadline:
+                raise
+            if now - last >= WAIT_LOG_S:
+                log(f"waiting for {TARGET_SERVER} {server.url} to answer ({now - t0:.0f} s)")
+                last = now
+            time.sleep(min(2.0, max(0.0, deadline - now)))
+
+
 def main(argv=None) -> int:
     """`dflash-vllm-probe URL --layers 3,4 [--timeout S]`: wait until a vLLM target server answers a
     real extraction of the layers given (vLLM ids, as --serve-config prints them), then exit 0; a
@@ -322,18 +343,15 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the server to answer")
     a = p.parse_args(argv)
     want = [int(x) for x in a.layers.split(",")]
-    server, deadline = Server(parse_servers(a.url)[0]), time.monotonic() + a.timeout
-    while True:
-        try:
-            seconds = probe(server, want)
-            print(f"vLLM {server.version} at {server.url} ({server.model}) extracts layers {want}: "
-                  f"probe ok in {seconds:.2f} s", flush=True)
-            return 0
-        except TargetServerError as e:
-            if not isinstance(e, UnreachableServerError) or time.monotonic() > deadline:
-                print(f"dflash-vllm-probe: {e}", file=sys.stderr, flush=True)
-                return 1
-        time.sleep(2)
+    server = Server(parse_servers(a.url)[0])
+    try:
+        seconds = probe_until(server, want, time.monotonic() + a.timeout, log=lambda s: print(s, flush=True))
+    except TargetServerError as e:
+        print(f"dflash-vllm-probe: {e}", file=sys.stderr, flush=True)
+        return 1
+    print(f"vLLM {server.version} at {server.url} ({server.model}) extracts layers {want}: "
+          f"probe ok in {seconds:.2f} s", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -68,6 +68,11 @@ class FlashfleetHiddenStatesConnector(ExampleHiddenStatesConnector):
         tensors = {HIDDEN_KEY: hidden, TOKENS_KEY: pending.token_ids.clone()}
         os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
         lock_fd = self._lock_fds.pop(pending.req_id, None)
+        if lock_fd is None and self.use_lock:  # as the parent does: a reader must find the lock held
+            import fcntl
+
+            lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
         future = self._executor.submit(self._write_tensors, tensors, _Done(), pending.filename, lock_fd)
         self._req_copy_events[pending.req_id] = _Done()
         self._req_futures[pending.req_id] = future

@@ -7,7 +7,7 @@ a completion request for a sequence's token ids (one output token) makes the ser
 sequence's hidden states at the layers it was started for to a safetensors file on this host
 (/dev/shm), whose path comes back in the reply's `kv_transfer_params`. Here:
 
-    Server        one vLLM server: reachability, version, served model, one extraction request
+    Server        one vLLM server: reachability, version, served model, one checked extraction
     read_hidden   one file, read once its writer is done (the writer holds its lock) and removed
     check_hidden  the guards: the sequence sent, the layers expected, finite, non-zero, distinct
     VllmFeed      the Feed: the next --queue-depth micro-batches in flight, one request per
@@ -103,6 +103,19 @@ class Server:
             return True
         except TargetServerError:
             return False
+
+    def hidden_states(self, seq, want, hidden=None) -> torch.Tensor:
+        """The checked [T, layers, H] states of token ids `seq` (extract, read_hidden, check_hidden);
+        a file its writer never finished is the server's death when the server is gone."""
+        path = self.extract(seq)
+        try:
+            tensors = read_hidden(path, self.url)
+        except TargetServerError as e:
+            if not self.alive():
+                raise UnreachableServerError(f"{TARGET_SERVER} {self.url} unreachable: it went down while "
+                                             f"writing {path}") from e
+            raise
+        return check_hidden(tensors, seq, want, self.url, hidden)
 
     def extract(self, ids) -> str:
         """Hidden states of token ids `ids`: the path of the file the server writes them to."""
@@ -209,15 +222,7 @@ class VllmFeed:
 
     def _one(self, server: Server, seq) -> tuple[torch.Tensor, float]:
         t0 = time.perf_counter()
-        path = server.extract(seq)
-        try:
-            tensors = read_hidden(path, server.url)
-        except TargetServerError as e:  # a writer that never finished: say so when its server is gone
-            if not server.alive():
-                raise UnreachableServerError(f"{TARGET_SERVER} {server.url} unreachable: it went down while "
-                                             f"writing {path}") from e
-            raise
-        h = check_hidden(tensors, seq, self.want, server.url, self.hidden)
+        h = server.hidden_states(seq, self.want, self.hidden)
         return h, time.perf_counter() - t0
 
     def _fill(self):
@@ -297,8 +302,8 @@ def check_servers(spec, layer_ids, num_layers, max_seq_len, vocab, hidden=None, 
 
 
 def probe(server: Server, want, vocab=None, hidden=None) -> float:
-    """Connect, check the version, extract a short sequence and check it (read_hidden, check_hidden):
-    the seconds the extraction took. Raises TargetServerError."""
+    """Connect, check the version, extract a short sequence and check it (Server.hidden_states): the
+    seconds the extraction took. Raises TargetServerError."""
     server.connect()
     if _version_tuple(server.version) < MIN_VLLM:
         raise TargetServerError(f"{TARGET_SERVER} {server.url} runs vLLM {server.version}, older than "
@@ -306,7 +311,7 @@ def probe(server: Server, want, vocab=None, hidden=None) -> float:
                                 "is tested here (older builds returned zeros for hybrid targets)")
     seq = [t % (vocab or 1 << 30) for t in range(1, 9)]
     t0 = time.perf_counter()
-    check_hidden(read_hidden(server.extract(seq), server.url), seq, want, server.url, hidden)
+    server.hidden_states(seq, want, hidden)
     return time.perf_counter() - t0
 
 

@@ -51,7 +51,7 @@ VERDICTS = (
     "cgroup-oom-kill", "cuda-oom", "gpu-xid-<n>", "gpu-unavailable", "driver-mismatch",
     "driver-too-old", "toolchain-error", "nccl-timeout", "nccl-error", "watchdog-hang", "disk-full",
     "killed-by-signal", "peer-failure", "start-limit-hit", "start-timeout", "exec-failed", "nonfinite-loss",
-    "stopped", "unknown",
+    "stopped", "unknown", *("server-oom", "server-kv-cache", "server-nccl", "server-not-ready", "server-died"),
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -90,6 +90,9 @@ ACTIONS = {
     "fix-venv": "re-sync the venv from the lock (provision: python_env role) and compare `venv` drift in "
                 "evidence.json; a binary built for another torch, CUDA or CPU must be rebuilt or replaced",
     "restage": "a staged file (model, dataset) is corrupt or truncated: stage it again (dataset role), then train.yml",
+    "fix-server": "fix the vLLM server's settings as the reason says (the run's `vllm:` entry: its `args` such as "
+                  "--gpu-memory-utilization and --max-model-len, or the GPUs and tensor-parallel size of its "
+                  "`servers`), then train.yml",
     "check-target-server": "find in the vLLM target server's journal why it went (out of memory at load, a KV "
                            "cache too small, NCCL) and fix that: a server that died restarts by itself, and the "
                            "trainer's unit resumes the run from its newest checkpoint once the server answers again",
@@ -106,7 +109,9 @@ VERDICT_ACTIONS = {
     "toolchain-error": "fix-toolchain", "nccl-timeout": "rerun", "nccl-error": "investigate",
     "watchdog-hang": "rerun", "disk-full": "free-disk", "killed-by-signal": "rerun",
     "peer-failure": "diagnose-peer", "start-limit-hit": "reset-failed", "start-timeout": "raise-timeout",
-    "exec-failed": "fix-config", "nonfinite-loss": "fix-config", "unknown": "investigate", "unreachable": "check-host",
+    "exec-failed": "fix-config", "nonfinite-loss": "fix-config", "server-oom": "fix-server",
+    "server-kv-cache": "fix-server", "server-nccl": "investigate", "server-not-ready": "fix-server",
+    "server-died": "check-target-server", "unknown": "investigate", "unreachable": "check-host",
     "no-evidence": "check-host",
 }
 
@@ -364,6 +369,19 @@ NEXT_STEPS = {
     "start-timeout": "READY=1 never came within TimeoutStartSec: raise the run's resources.start_timeout_s if loading is only slow, or find where it hung (last output), then train.yml",
     "exec-failed": "systemd could not start the trainer at all (the step is in the reason): fix it (provision / train.yml), then start again",
     "unknown": "read evidence.json (journal, unit properties, kernel log) by hand",
+    "server-oom": "the vLLM server ran out of memory loading the target or profiling: give it more GPUs (tensor "
+                  "parallel), a lower --gpu-memory-utilization where another process shares the GPU, or free the "
+                  "GPU; then train.yml",
+    "server-kv-cache": "the vLLM server's KV cache cannot hold one sequence of --max-model-len: raise "
+                       "--gpu-memory-utilization (VLLM_CPU_KVCACHE_SPACE on CPU), lower the run's --max-model-len, "
+                       "or add GPUs (tensor parallel); then train.yml",
+    "server-nccl": "NCCL failed between the vLLM server's tensor-parallel workers (the line is in the reason): "
+                   "check the GPUs' peer links, /dev/shm and NCCL's environment, then train.yml",
+    "server-not-ready": "the vLLM server never became ready (its last error is in the reason): fix it, or raise "
+                        "vllm_server_start_timeout_s if the load is only slow; then train.yml",
+    "server-died": "the vLLM server died after it served (the reason says how): it restarts by itself and the "
+                   "trainer resumes from its newest checkpoint once the server answers; if it repeats, read its "
+                   "journal (journalctl -u UNIT)",
 }
 
 
@@ -994,7 +1012,7 @@ def classify(evidence: dict) -> dict:
     if gpu.get("present") and gpu.get("readable") is False:
         warnings.append(f"nvidia-smi failed: {str(gpu.get('error') or '?').splitlines()[0][:200]}")
 
-    finding = _decide(evidence, run, unit, props, status, invocations, warnings)
+    finding = with_servers(_decide(evidence, run, unit, props, status, invocations, warnings), evidence, warnings)
     deaths = death_rows(evidence)
     if finding.verdict == "running" and not finding.extra.get("previous") and deaths:
         # The journal has moved on (rotated, or cut at its line cap): the death recorded at the time says it.
@@ -1021,6 +1039,107 @@ def classify(evidence: dict) -> dict:
     if out.get("next_step"):
         out["next_step"] = out["next_step"].replace("RUN", run).replace("UNIT", unit)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM target servers (the run's flashfleet-vllm@<run>-<i> units, evidence["servers"])
+#
+# A run whose target runs in vLLM dies with TARGET_SERVER's line when a server goes; the server's
+# own journal says why. Each dead server gets one of the server-* verdicts; the first to die
+# becomes the host's verdict when the trainer names a server (or never started), otherwise each
+# is a warning. Signatures are vLLM's own messages (vllm 0.32: v1/core/kv_cache_utils.py,
+# v1/worker/utils.py), torch's and NCCL's, searched over the server's whole invocation (vLLM's
+# API process repeats only "Engine core initialization failed. See root cause above").
+
+SERVER_SIGNATURES = (  # the first that matches names the death
+    ("server-kv-cache", re.compile(
+        r"No available memory for the cache blocks|KV cache is needed, which is larger than the available KV cache"
+        r"|larger than the maximum number of tokens that can be stored in KV cache|"
+        r"[Ii]nsufficient (?:memory for|space in) (?:the )?KV cache"),
+     "the KV cache cannot hold one sequence of the server's max model length"),
+    ("server-oom", re.compile(
+        r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
+        r"|DefaultCPUAllocator: (?:can't|not enough memory)|on startup is less than (?:desired GPU memory utilization"
+        r"|the engine's budget)|MemoryError"),
+     "out of memory while loading or profiling the target"),
+    ("server-nccl", re.compile(RE_NCCL_ERROR.pattern + r"|Watchdog caught collective operation timeout|NCCL WARN"),
+     "NCCL failed between the server's tensor-parallel workers"),
+)
+
+
+def server_deaths(evidence: dict) -> list[Finding]:
+    """One Finding per vLLM server unit of the run that is down (failed, waiting to restart, or
+    dead after a failure), the first to die first; a running or cleanly stopped server has none."""
+    found = []
+    for server in (evidence.get("servers") or {}).get("units") or []:
+        finding = _server_death(evidence, server)
+        if finding is not None:
+            found.append(finding)
+    return sorted(found, key=lambda f: f.extra.get("ended_at") or 0.0)
+
+
+def _server_death(evidence: dict, server: dict) -> Finding | None:
+    name = server.get("unit") or "?"
+    props = ((server.get("unit_props") or {}).get("properties")) or {}
+    if props.get("ActiveState") in ("active", "reloading") or (
+            props.get("ActiveState") == "activating" and props.get("SubState") != "auto-restart"):
+        return None
+    inv = _last_exit_invocation(split_invocations(((server.get("journal") or {}).get("entries")) or []), props)
+    facts = _exit_facts(props, inv, current=True)
+    if facts["result"] in (None, "success") and not inv.start_timeout_line and not inv.start_failed:
+        return None  # stopped, or never ran
+    end = facts["ts"] or inv.last_ts
+    app = inv.app_lines()
+    base = [f"{name}: {_describe_exit(facts)}" + (f", Result={facts['result']}" if facts["result"] else "")]
+    base += [jline(ts, line) for ts, line in (
+        (inv.exit_ts, inv.exit_line), (inv.exit_ts, inv.result_line), (None, inv.start_timeout_line)) if line]
+    extra = {"server": name, "ended_at": end}
+    for verdict, rx, what in SERVER_SIGNATURES:
+        hit = _grep(app, rx)
+        if hit:
+            return Finding(verdict, f"{name}: {what}: {strip_prefix(hit[1]).strip()[:300]}",
+                           [jline(*hit)] + base, **extra)
+    start = inv.first_ts or parse_systemd_time(props.get("ExecMainStartTimestamp"))
+    pids = _run_pids(props, {}, inv)
+    for oom in kernel_scan(evidence, start, end)["ooms"]:
+        if oom["pid"] in pids or name in (oom.get("task_memcg") or ""):
+            return Finding("server-oom", f"{name}: the kernel killed the server for memory ({oom.get('comm')}, pid "
+                           f"{oom['pid']})", oom["lines"] + base, **extra)
+    if facts["result"] == "oom-kill":
+        return Finding("server-oom", f"{name}: systemd reports an OOM kill in the server's cgroup", base, **extra)
+    text, lines = _last_exception(app)
+    last = f": {text}" if text else ""
+    if not inv.started:
+        how = ("its start timed out (TimeoutStartSec) before the readiness probe's extraction answered"
+               if inv.start_timeout_line else f"it ended ({_describe_exit(facts)}) before it became ready")
+        return Finding("server-not-ready", f"{name}: {how}{last}", lines + base,
+                       action="raise-timeout" if inv.start_timeout_line and not text else None, **extra)
+    return Finding("server-died", f"{name}: died after it became ready ({_describe_exit(facts)}){last}",
+                   lines + base, **extra)
+
+
+def _names_a_server(finding: Finding) -> bool:
+    """The trainer's death is a target server's: it printed TARGET_SERVER's line (the verdict's
+    reason or lines carry it), or it never started (train.yml stops when a server is not ready)."""
+    return finding.verdict == "not-started" or any(
+        messages.TARGET_SERVER in text for text in [finding.reason, *finding.lines])
+
+
+def with_servers(finding: Finding, evidence: dict, warnings: list[str]) -> Finding:
+    """The host's finding with its dead vLLM servers: the first to die is the verdict when the
+    trainer's death names a server; otherwise each dead server is a warning."""
+    dead = server_deaths(evidence)
+    if not dead:
+        return finding
+    if not _names_a_server(finding):
+        warnings.extend(f"vLLM server down: {d.verdict}: {d.reason}" for d in dead)
+        return finding
+    first = dead[0]
+    others = [{"verdict": d.verdict, "reason": d.reason, "server": d.extra["server"]} for d in dead[1:]]
+    trainer = f"the trainer: {finding.verdict} ({finding.reason})"
+    return Finding(first.verdict, f"{first.reason}; {trainer}", first.lines + finding.lines[-2:], action=first.action,
+                   trainer={"verdict": finding.verdict, "reason": finding.reason, "action": finding.action},
+                   servers=others, **first.extra)
 
 
 def death_rows(evidence: dict) -> list[dict]:
@@ -1641,6 +1760,7 @@ EVIDENCE_SHAPE = {
     "checkpoints": dict, "checkpoints.newest": dict, "metrics": dict, "metrics.last": dict, "gpu": dict,
     "gpu.gpus": list, "venv": dict, "venv.drift": list, "venv.drift[]": dict, "cgroup": dict,
     "cgroup.own": list, "disk": dict, "config": dict, "deaths": dict, "deaths.records": list,
+    "servers": dict, "servers.units": list, "servers.units[]": dict,
 }
 JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
 

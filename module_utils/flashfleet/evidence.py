@@ -351,6 +351,18 @@ def gather_journal(host, unit, lines):
             "truncated": len(entries) >= lines}
 
 
+def gather_servers(host, run, lines):
+    """The run's vLLM server units on the host (flashfleet-vllm@<run>-<i>, as systemd lists them,
+    failed ones too): each one's record and journal, as the trainer unit's are gathered."""
+    rc, out, err = host.run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--full", "--no-pager",
+                             layout.vllm_unit_glob(run)])
+    if rc != 0:
+        return {"readable": False, "error": err or f"systemctl exit {rc}", "units": []}
+    return {"readable": True, "error": None,
+            "units": [{"unit": name, "unit_props": gather_unit(host, name), "journal": gather_journal(host, name, lines)}
+                      for name in layout.vllm_units_listed(run, out)]}
+
+
 def gather_kernel(host, since, scan, keep):
     """Kernel lines of interest since `since` (unix s), this boot and the previous one."""
     result = {"readable": False, "error": None, "source": None, "entries": [], "since": since, "scanned": 0,
@@ -568,6 +580,7 @@ def gather(params):
     ev["config"] = {"present": os.path.exists(config), "path": config, "mtime": _mtime(config)}
     ev["unit_props"] = gather_unit(host, unit)
     ev["journal"] = gather_journal(host, unit, int(p["journal_lines"]))
+    ev["servers"] = gather_servers(host, run, int(p["journal_lines"]))
     ev["status"] = status_state(os.path.join(output_dir, layout.STATUS))
     since = run_window_start(ev["unit_props"], ev["journal"], ev["status"])
     ev["kernel"] = gather_kernel(host, since, int(p["kernel_scan_lines"]), int(p["kernel_keep_lines"]))

@@ -88,9 +88,18 @@ def unit(name: str, timeout: float = 5.0, run=_run) -> dict:
     return {"readable": True, "error": None, "properties": parse_show(out)}
 
 
+def server_units(run_name: str, timeout: float = 5.0, run=_run) -> list[str]:
+    """The run's vLLM server units loaded on the host (flashfleet-vllm@<run>-<i>, failed ones too;
+    one stopped cleanly may be unloaded and is not listed)."""
+    rc, out, _err = run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--full", "--no-pager",
+                         layout.vllm_unit_glob(run_name)], timeout)
+    return layout.vllm_units_listed(run_name, out) if rc == 0 else []
+
+
 def read_runs(runs_root: str, config_root: str | None, runs, tail_bytes: int = TAIL_BYTES, recent: int = 20,
               timeout: float = 5.0, run=_run) -> dict:
-    """{run: read(...) + exists, max_steps, unit} for every run name, as status.yml shows them."""
+    """{run: read(...) + exists, max_steps, unit, servers ({unit name: unit(...)} of its vLLM server
+    units)} for every run name, as status.yml shows them."""
     out = {}
     for name in runs:
         if not layout.RUN_NAME_RE.match(str(name)):
@@ -101,5 +110,6 @@ def read_runs(runs_root: str, config_root: str | None, runs, tail_bytes: int = T
         state["exists"] = os.path.isdir(output_dir)
         state["max_steps"] = max_steps(os.path.join(config_root, name + ".json")) if config_root else None
         state["unit"] = unit(layout.unit_name(name), timeout, run)
+        state["servers"] = {s: unit(s, timeout, run) for s in server_units(name, timeout, run)}
         out[name] = state
     return out

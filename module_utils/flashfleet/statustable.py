@@ -13,6 +13,8 @@ Standard library only; Jinja reaches it through roles/run_status/filter_plugins.
                 window are counted in. Only while the run is loading, training or saving.
     checkpoint  the newest checkpoint on disk that verifies (manifest, sizes, header; no sha256)
     restarts    the unit's NRestarts
+    servers     a run whose target runs in vLLM: its server units active out of those on the host,
+                and the ones that are not ("1/2 up; v2-1 failed"); "-" for a run without servers
     verdict     only when the run died: diagnosis.json's verdict if diagnose.yml was run, else
                 "run diagnose.yml" (nothing is classified here)
 """
@@ -27,7 +29,7 @@ LIVE_PHASES = ("loading", "training", "saving")
 NOT_DEAD_HINT = "run diagnose.yml"
 COLUMNS = (("run", "RUN"), ("host", "HOST"), ("phase", "PHASE"), ("unit", "UNIT"), ("steps", "STEP"),
            ("tokens", "TGT TOK/S"), ("rows", "DRF ROWS/S"), ("eta", "ETA"), ("checkpoint", "CHECKPOINT"),
-           ("restarts", "RESTARTS"), ("verdict", "VERDICT"))
+           ("restarts", "RESTARTS"), ("servers", "SERVERS"), ("verdict", "VERDICT"))
 
 
 def _num(value):
@@ -80,6 +82,19 @@ def rate(value) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
 
 
+def servers_cell(servers: dict | None) -> str | None:
+    """"2/2 up", or "1/2 up; v2-1 failed" naming each server unit that is not active (its instance)."""
+    if not servers:
+        return None
+    down = {}
+    for name, state in sorted(servers.items()):
+        props = (state or {}).get("properties") or {}
+        if props.get("ActiveState") != "active":
+            down[name.rsplit("@", 1)[-1].removesuffix(".service")] = props.get("ActiveState") or "unreadable"
+    up = f"{len(servers) - len(down)}/{len(servers)} up"
+    return up if not down else up + "; " + ", ".join(f"{n} {a}" for n, a in down.items())
+
+
 def read_diagnosis(runs_dir, run, host) -> dict | None:
     """runs_dir/run/host/diagnosis.json (what diagnose.yml stored), or None."""
     if not runs_dir:
@@ -103,7 +118,7 @@ def died(phase, unit_props: dict) -> bool:
 def _row(host, run, **fields) -> dict:
     row = {"run": run, "host": host, "phase": None, "unit": None, "step": None, "total_steps": None,
            "target_tokens_per_s": None, "drafter_rows_per_s": None, "eta_s": None, "newest_checkpoint": None,
-           "restarts": None, "died": False, "verdict": None, "action": None, "note": None}
+           "restarts": None, "servers": None, "died": False, "verdict": None, "action": None, "note": None}
     row.update(fields)
     return row
 
@@ -132,7 +147,8 @@ def run_row(host, run, state, runs_dir=None, inventory_max_steps=None) -> dict:
                target_tokens_per_s=_num(last.get("target_tokens_per_s")),
                drafter_rows_per_s=_num(last.get("drafter_rows_per_s")), eta_s=eta,
                newest_checkpoint=(state.get("newest_checkpoint") or {}).get("name"),
-               restarts=int(restarts) if str(restarts or "").isdigit() else None, note=note)
+               restarts=int(restarts) if str(restarts or "").isdigit() else None,
+               servers=servers_cell(state.get("servers")), note=note)
     if died(phase, props):
         diagnosis = read_diagnosis(runs_dir, run, host)
         row.update(died=True, verdict=diagnosis.get("verdict") if diagnosis else NOT_DEAD_HINT,
@@ -165,6 +181,7 @@ def cells(row) -> dict:
             "tokens": rate(row.get("target_tokens_per_s")), "rows": rate(row.get("drafter_rows_per_s")),
             "eta": eta, "checkpoint": row.get("newest_checkpoint") or "-",
             "restarts": "-" if row.get("restarts") is None else str(row["restarts"]),
+            "servers": row.get("servers") or "-",
             "verdict": row.get("verdict") or "-"}
 
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from flashfleet import statustable
+from flashfleet import runstate, statustable
 from flashfleet.contract import layout
 
 from tests.conftest import ROOT
@@ -157,3 +157,31 @@ def test_duration_and_died():
     assert statustable.died("training", {"LoadState": "loaded", "ActiveState": "inactive"})
     assert not statustable.died("training", {})  # no systemd: status.json alone says it is alive
     assert not statustable.died("completed", {"LoadState": "loaded", "ActiveState": "inactive"})
+
+
+def test_a_runs_vllm_servers_are_found_and_shown(tmp_path):
+    """read_runs lists the run's server units (not another run's whose name starts alike) and
+    shows each one's state; the table says how many are up and names the others."""
+    calls = []
+    listing = ("● flashfleet-vllm@v2-1.service loaded failed failed flashfleet vLLM server v2-1\n"
+               "flashfleet-vllm@v2-0.service loaded active running flashfleet vLLM server v2-0\n"
+               "flashfleet-vllm@v2-ada-0.service loaded active running flashfleet vLLM server v2-ada-0\n")
+
+    def run(argv, timeout):
+        calls.append(argv)
+        if argv[1] == "list-units":
+            return 0, listing, ""
+        name = argv[2]
+        active = "failed" if name.endswith("v2-1.service") else "active"
+        return 0, f"LoadState=loaded\nActiveState={active}\nSubState=x\nNRestarts=0\n", ""
+
+    states = runstate.read_runs(str(tmp_path), None, ["v2"], run=run)
+    assert list(states["v2"]["servers"]) == ["flashfleet-vllm@v2-0.service", "flashfleet-vllm@v2-1.service"]
+    assert [a for a in calls if a[1] == "list-units"][0][-1] == layout.vllm_unit_glob("v2")
+    row = statustable.run_row("h", "v2", states["v2"])
+    assert row["servers"] == "1/2 up; v2-1 failed"
+    assert statustable.cells(row)["servers"] == "1/2 up; v2-1 failed"
+    assert statustable.servers_cell({}) is None and statustable.cells(statustable._row("h", "x"))["servers"] == "-"
+    # systemctl missing (no systemd here): no servers listed, not an error
+    states = runstate.read_runs(str(tmp_path), None, ["v2"], run=lambda argv, t: (127, "", "systemctl: not found"))
+    assert states["v2"]["servers"] == {}

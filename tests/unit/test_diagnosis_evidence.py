@@ -311,3 +311,44 @@ def test_gather_reads_status_through_the_contract(stubbed_host):
     status.unlink()
     ev = fe.gather(stubbed_host)
     assert ev["status"]["readable"] is False and str(status) in ev["status"]["error"]
+
+
+def test_gather_servers_finds_the_runs_units_only():
+    """The run's vLLM server units come from systemd's list (another run named alike is not taken),
+    each with its record and journal; without systemctl the servers are unreadable, not absent."""
+    class FakeHost:
+        def __init__(self):
+            self.asked = []
+
+        def run(self, argv, timeout=None):
+            self.asked.append(argv)
+            if argv[:2] == ["systemctl", "list-units"]:
+                return 0, ("● flashfleet-vllm@v2-1.service loaded failed failed flashfleet vLLM server\n"
+                           "  flashfleet-vllm@v2-ada-0.service loaded active running flashfleet vLLM server\n"), ""
+            if argv[:2] == ["systemctl", "show"]:
+                return 0, "ActiveState=failed\nResult=signal\n", ""
+            return 0, JOURNAL, ""
+
+    host = FakeHost()
+    got = fe.gather_servers(host, "v2", 100)
+    assert got["readable"] and [u["unit"] for u in got["units"]] == ["flashfleet-vllm@v2-1.service"]
+    unit = got["units"][0]
+    assert unit["unit_props"]["properties"]["Result"] == "signal" and len(unit["journal"]["entries"]) == 5
+    assert ["journalctl", "-u", "flashfleet-vllm@v2-1.service"] == host.asked[-1][:3]
+
+    class NoSystemd:
+        def run(self, argv, timeout=None):
+            return 127, "", "systemctl: not found"
+
+    assert fe.gather_servers(NoSystemd(), "v2", 100) == {"readable": False, "error": "systemctl: not found", "units": []}
+
+
+def test_a_dead_server_is_a_warning_while_the_trainer_runs():
+    """The trainer still runs (it waits for a restarting server): the host's verdict stays running
+    and the dead server is named in a warning."""
+    base = json.loads((Path(__file__).parents[1] / "fixtures/evidence/handbuilt/running.json").read_text())
+    dead = json.loads((Path(__file__).parents[1] / "fixtures/evidence/handbuilt/server-kv-cache.json").read_text())
+    base["servers"] = dead["servers"]
+    out = fc.classify(base)
+    assert out["verdict"] == "running"
+    assert any(w.startswith("vLLM server down: server-kv-cache: flashfleet-vllm@v2-0.service") for w in out["warnings"])

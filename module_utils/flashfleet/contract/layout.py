@@ -48,6 +48,25 @@ def vllm_unit_names(run: str, servers: int) -> list[str]:
     return [VLLM_UNIT_TEMPLATE.replace("@", f"@{run}-{i}") for i in range(servers)]
 
 
+def vllm_unit_glob(run: str) -> str:
+    """The pattern `systemctl list-units` takes for the run's server units (wider than the run:
+    v2's also matches v2-ada's; vllm_unit_index tells them apart)."""
+    return VLLM_UNIT_TEMPLATE.replace("@", f"@{run}-*")
+
+
+def vllm_unit_index(run: str, name: str) -> int | None:
+    """i for the run's server unit flashfleet-vllm@<run>-<i>.service, else None."""
+    prefix, suffix = VLLM_UNIT_TEMPLATE.split("@")
+    m = re.fullmatch(re.escape(f"{prefix}@{run}-") + r"(\d+)" + re.escape(suffix), name)
+    return int(m.group(1)) if m else None
+
+
+def vllm_units_listed(run: str, list_units: str) -> list[str]:
+    """The run's server units in `systemctl list-units --plain --no-legend --full` output, in order."""
+    names = {word for line in list_units.splitlines() for word in line.split()[:2]}  # a failed one may lead with ●
+    return sorted((n for n in names if vllm_unit_index(run, n) is not None), key=lambda n: vllm_unit_index(run, n))
+
+
 def verdict_unit_name(run: str) -> str:
     """The unit that records the run's deaths, e.g. flashfleet-verdict@v2.service."""
     return VERDICT_UNIT_TEMPLATE.replace("@", "@" + run)

@@ -381,7 +381,7 @@ NEXT_STEPS = {
                         "vllm_server_start_timeout_s if the load is only slow; then train.yml",
     "server-died": "the vLLM server died after it served (the reason says how): it restarts by itself and the "
                    "trainer resumes from its newest checkpoint once the server answers; if it repeats, read its "
-                   "journal (journalctl -u UNIT)",
+                   "journal (journalctl -u SERVER)",
 }
 
 
@@ -1068,8 +1068,8 @@ SERVER_SIGNATURES = (  # the first that matches names the death
 
 
 def server_deaths(evidence: dict) -> list[Finding]:
-    """One Finding per vLLM server unit of the run that is down (failed, waiting to restart, or
-    dead after a failure), the first to die first; a running or cleanly stopped server has none."""
+    """One Finding per vLLM server unit of the run whose last invocation that ended failed (a
+    server down now, or one that died and was restarted: extra `up_again`), the first to die first."""
     found = []
     for server in (evidence.get("servers") or {}).get("units") or []:
         finding = _server_death(evidence, server)
@@ -1081,66 +1081,85 @@ def server_deaths(evidence: dict) -> list[Finding]:
 def _server_death(evidence: dict, server: dict) -> Finding | None:
     name = server.get("unit") or "?"
     props = ((server.get("unit_props") or {}).get("properties")) or {}
-    if props.get("ActiveState") in ("active", "reloading") or (
-            props.get("ActiveState") == "activating" and props.get("SubState") != "auto-restart"):
-        return None
-    inv = _last_exit_invocation(split_invocations(((server.get("journal") or {}).get("entries")) or []), props)
-    facts = _exit_facts(props, inv, current=True)
-    if facts["result"] in (None, "success") and not inv.start_timeout_line and not inv.start_failed:
-        return None  # stopped, or never ran
+    invocations = split_invocations(((server.get("journal") or {}).get("entries")) or [])
+    up = props.get("ActiveState") in ("active", "reloading") or (
+        props.get("ActiveState") == "activating" and props.get("SubState") != "auto-restart")
+    if up:  # serving (or starting) again: its last earlier invocation that failed, if any
+        earlier = [i for i in invocations if i.id != props.get("InvocationID") and (i.exit_code or i.result)]
+        failed = [i for i in earlier if (i.result or "success") != "success" or i.start_timeout_line]
+        if not failed:
+            return None
+        inv, facts = failed[-1], _exit_facts({}, failed[-1], current=False)
+    else:
+        inv = _last_exit_invocation(invocations, props)
+        facts = _exit_facts(props, inv, current=True)
+        if facts["result"] in (None, "success") and not inv.start_timeout_line and not inv.start_failed:
+            return None  # stopped, or never ran
     end = facts["ts"] or inv.last_ts
     app = inv.app_lines()
-    base = [f"{name}: {_describe_exit(facts)}" + (f", Result={facts['result']}" if facts["result"] else "")]
+    base = [f"{name}: {_describe_exit(facts)}" + (f", Result={facts['result']}" if facts["result"] else "")
+            + (" (running again since)" if up else "")]
     base += [jline(ts, line) for ts, line in (
         (inv.exit_ts, inv.exit_line), (inv.exit_ts, inv.result_line), (None, inv.start_timeout_line)) if line]
-    extra = {"server": name, "ended_at": end}
+    def finding(verdict, reason, lines, action=None):
+        return Finding(verdict, reason, lines, NEXT_STEPS[verdict].replace("SERVER", name), action,
+                       server=name, ended_at=end, up_again=up)
+
     for verdict, rx, what in SERVER_SIGNATURES:
         hit = _grep(app, rx)
         if hit:
-            return Finding(verdict, f"{name}: {what}: {strip_prefix(hit[1]).strip()[:300]}",
-                           [jline(*hit)] + base, **extra)
-    start = inv.first_ts or parse_systemd_time(props.get("ExecMainStartTimestamp"))
-    pids = _run_pids(props, {}, inv)
+            return finding(verdict, f"{name}: {what}: {strip_prefix(hit[1]).strip()[:300]}",
+                           [jline(*hit)] + base)
+    start = inv.first_ts or (None if up else parse_systemd_time(props.get("ExecMainStartTimestamp")))
+    pids = _run_pids({} if up else props, {}, inv)
     for oom in kernel_scan(evidence, start, end)["ooms"]:
         if oom["pid"] in pids or name in (oom.get("task_memcg") or ""):
-            return Finding("server-oom", f"{name}: the kernel killed the server for memory ({oom.get('comm')}, pid "
-                           f"{oom['pid']})", oom["lines"] + base, **extra)
+            return finding("server-oom", f"{name}: the kernel killed the server for memory ({oom.get('comm')}, pid "
+                           f"{oom['pid']})", oom["lines"] + base)
     if facts["result"] == "oom-kill":
-        return Finding("server-oom", f"{name}: systemd reports an OOM kill in the server's cgroup", base, **extra)
+        return finding("server-oom", f"{name}: systemd reports an OOM kill in the server's cgroup", base)
     text, lines = _last_exception(app)
     last = f": {text}" if text else ""
     if not inv.started:
         how = ("its start timed out (TimeoutStartSec) before the readiness probe's extraction answered"
                if inv.start_timeout_line else f"it ended ({_describe_exit(facts)}) before it became ready")
-        return Finding("server-not-ready", f"{name}: {how}{last}", lines + base,
-                       action="raise-timeout" if inv.start_timeout_line and not text else None, **extra)
-    return Finding("server-died", f"{name}: died after it became ready ({_describe_exit(facts)}){last}",
-                   lines + base, **extra)
+        return finding("server-not-ready", f"{name}: {how}{last}", lines + base,
+                       "raise-timeout" if inv.start_timeout_line and not text else None)
+    return finding("server-died", f"{name}: died after it became ready ({_describe_exit(facts)}){last}",
+                   lines + base)
 
 
-def _names_a_server(finding: Finding) -> bool:
-    """The trainer's death is a target server's: it printed TARGET_SERVER's line (the verdict's
-    reason or lines carry it), or it never started (train.yml stops when a server is not ready)."""
-    return finding.verdict == "not-started" or any(
-        messages.TARGET_SERVER in text for text in [finding.reason, *finding.lines])
+def _names_a_server(reason: str, lines: list[str]) -> bool:
+    """The trainer's death is a target server's: it printed TARGET_SERVER's line."""
+    return any(messages.TARGET_SERVER in text for text in [reason, *lines])
 
 
 def with_servers(finding: Finding, evidence: dict, warnings: list[str]) -> Finding:
-    """The host's finding with its dead vLLM servers: the first to die is the verdict when the
-    trainer's death names a server; otherwise each dead server is a warning."""
+    """The host's finding with the run's vLLM servers that died: the first to die is the verdict
+    when the trainer's death names a server or the trainer never started (train.yml stops when a
+    server is not ready); it explains the trainer's previous death when the trainer runs again
+    after one that named a server; otherwise each is a warning."""
     dead = server_deaths(evidence)
     if not dead:
         return finding
-    if not _names_a_server(finding):
-        warnings.extend(f"vLLM server down: {d.verdict}: {d.reason}" for d in dead)
-        return finding
     first = dead[0]
-    others = [{"verdict": d.verdict, "reason": d.reason, "server": d.extra["server"]} for d in dead[1:]]
-    trainer = f"the trainer: {finding.verdict} ({finding.reason})"
-    return Finding(first.verdict, f"{first.reason}; {trainer}", first.lines + finding.lines[-2:], action=first.action,
-                   trainer={"verdict": finding.verdict, "reason": finding.reason, "action": finding.action},
-                   servers=others, **first.extra)
-
+    if finding.verdict == "not-started" or (finding.verdict != "running"
+                                            and _names_a_server(finding.reason, finding.lines)):
+        others = [{"verdict": d.verdict, "reason": d.reason, "server": d.extra["server"]} for d in dead[1:]]
+        return Finding(first.verdict, f"{first.reason}; the trainer: {finding.verdict} ({finding.reason})",
+                       first.lines + finding.lines[-2:], action=first.action,
+                       trainer={"verdict": finding.verdict, "reason": finding.reason, "action": finding.action},
+                       servers=others, **first.extra)
+    previous = finding.extra.get("previous")
+    if previous and _names_a_server(previous["reason"], previous["evidence"]):
+        finding.extra["previous"] = {**previous, "verdict": first.verdict, "reason": first.reason,
+                                     "evidence": first.lines + previous["evidence"][-2:], "action": first.action,
+                                     "server": first.extra["server"], "trainer": {k: previous[k] for k in ("verdict", "reason")}}
+        finding.reason += f"; behind it: {first.verdict} ({first.reason})"
+        return finding
+    warnings.extend(f"vLLM server {'died (up again)' if d.extra['up_again'] else 'down'}: {d.verdict}: {d.reason}"
+                    for d in dead)
+    return finding
 
 def death_rows(evidence: dict) -> list[dict]:
     """One row per death record in the evidence (deaths.records): the verdict made at the time."""

@@ -87,6 +87,7 @@ NUMBERS = [
     (["--rdzv-timeout", "-5"], "--rdzv-timeout -5.0: must be > 0"),
     (["--queue-depth", "-1"], "--queue-depth -1: must be >= 0"),
     (["--plan-steps", "0"], "--plan-steps 0: must be >= 1"),
+    (["--server-gpus", "0"], "--server-gpus 0: must be >= 1 (fix: pass each vLLM server's tensor-parallel x"),
     (["--nnodes", "0"], "--nnodes 0: must be >= 1"),
     (["--node-rank", "-1"], "--node-rank -1 is not in 0..0"),
 ]
@@ -98,6 +99,15 @@ FP8 = [
     (["--teacher-fp8", "--use-soft-labels"], "--teacher-fp8 with a CPU drafter: the FP8 teacher GEMM is an option"),
 ]
 
+# vLLM serves a drafter's target layers sorted and distinct (model.LAYER_RULE): a repeat or a
+# reversed pair trains a drafter vLLM refuses or feeds in the wrong order.
+LAYERS = [
+    (["--target-layers", "2,1", "--num-draft-layers", "2"], "--target-layers 2,1: target layer ids [2, 1] are not "
+                                                            "strictly ascending: vLLM serves"),
+    (["--target-layers", "1,1", "--num-draft-layers", "2"], "fix: --target-layers 1 (each layer once, in order)"),
+    (["--num-draft-layers", "4"], "a target of 4 decoder layers is too shallow for 4 draft layers"),
+]
+
 ARGPARSE = [
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
@@ -107,7 +117,7 @@ ARGPARSE = [
 ]
 
 
-@pytest.mark.parametrize(("extra", "says"), NUMBERS + FP8 + ARGPARSE, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+@pytest.mark.parametrize(("extra", "says"), NUMBERS + FP8 + LAYERS + ARGPARSE, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_bad_flag_is_one_line_exit_78_nothing_changed(extra, says, trainer_argv, out_dir, capsys):
     line = _refused(trainer_argv(*extra, out=out_dir), capsys, out_dir)
     assert says in line, line

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -151,6 +152,10 @@ def _inputs(trainer_tiny, drafter):
 # ---- (a) the format, read back without the project ------------------------------------------------
 
 def test_export_writes_the_dflash_format_and_an_independent_loader_matches(run_dir, exported, trainer_tiny):
+    # a serving process that runs as another user reads every file (as the HF cache writes them)
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in exported.iterdir()} == dict.fromkeys(
+        ("config.json", "model.safetensors", "README.md"), 0o644)
+    assert stat.S_IMODE(exported.stat().st_mode) == 0o755
     cfg = json.loads((exported / "config.json").read_text())
     tcfg = json.loads((trainer_tiny / "model" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
@@ -309,6 +314,27 @@ def test_wrong_target_layer_ids_is_refused(ckpt_copy, old_out, capsys):
     line = _refused([ckpt_copy, old_out, "--force"], capsys)
     assert "fc.weight has shape [64, 128], expected [64, 192]" in line
     assert _snapshot(old_out) == before
+
+
+def test_layer_ids_vllm_cannot_serve_are_refused(ckpt_copy, old_out, exported, trainer_argv, tmp_path, capsys):
+    """A checkpoint whose target layers are out of order (trained before the rule) is not exported, and
+    an --init-from drafter with them is refused: vLLM would feed it its features in the wrong order."""
+    before = _snapshot(old_out)
+    c = json.loads((ckpt_copy / "config.json").read_text())
+    c["target_layer_ids"] = [2, 1]
+    (ckpt_copy / "config.json").write_text(json.dumps(c))
+    contract.write_manifest(str(ckpt_copy), 6)
+    line = _refused([ckpt_copy, old_out, "--force"], capsys)
+    assert "target layer ids [2, 1] are not strictly ascending" in line and "not served by vLLM" in line
+    assert _snapshot(old_out) == before
+    theirs = tmp_path / "reversed"
+    shutil.copytree(exported, theirs)
+    cfg = json.loads((theirs / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [2, 1]
+    (theirs / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as e:
+        export.check_init_from(parse_args(trainer_argv(*DRAFTER, "--init-from", str(theirs))), None)
+    assert "not strictly ascending" in e.value.what and "--init-from" in e.value.what
 
 
 def test_vocabulary_mismatch_is_refused(ckpt_copy, old_out, trainer_tiny, tmp_path, capsys):

@@ -20,6 +20,7 @@ from flashfleet_trainer.model import (
     DrafterConfig,
     block_attention_inputs,
     default_target_layers,
+    layer_ids_problem,
     drafter_hidden,
 )
 
@@ -97,7 +98,19 @@ def test_blocks_do_not_see_each_other():
 
 def test_default_target_layers():
     assert default_target_layers(36, 5) == [1, 9, 17, 25, 33]
+    assert default_target_layers(64, 5) == [1, 16, 31, 46, 61]  # Qwen3.6-27B: as before the rule
     assert default_target_layers(4, 1) == [2]
+    assert default_target_layers(4, 2) == [1, 2]  # was [1, 1]: vLLM refuses that drafter at its first request
+    for n_layers in range(2, 80):
+        for n_draft in range(1, 9):
+            try:
+                ids = default_target_layers(n_layers, n_draft)
+            except ValueError as e:
+                assert n_draft > n_layers - 1 and "too shallow" in str(e), (n_layers, n_draft)
+                continue
+            assert len(ids) == n_draft and layer_ids_problem(ids) is None, (n_layers, n_draft, ids)
+            assert 0 <= ids[0] and ids[-1] <= n_layers - 1, (n_layers, n_draft, ids)
+    assert "not strictly ascending" in layer_ids_problem([2, 1]) and layer_ids_problem([1, 1])
 
 
 def test_packing_respects_budget_and_batch_size_and_covers_each_sequence_once():

@@ -37,7 +37,7 @@ from flashfleet.contract import safetensors as st_contract
 from flashfleet.contract.files import fsync_dir, fsync_file
 
 from .config import EX_CONFIG, ConfigError
-from .model import DrafterConfig, default_target_layers
+from .model import DrafterConfig, default_target_layers, layer_ids_problem
 
 WEIGHTS, CONFIG, README = "model.safetensors", "config.json", "README.md"
 ARCHITECTURE = "DFlashDraftModel"
@@ -341,6 +341,10 @@ def check_init_from(args, drafter_config) -> None:
     if not path:
         return
     theirs, _files = read_dflash_dir(path)
+    problem = layer_ids_problem(theirs.target_layer_ids)
+    if problem:
+        raise ConfigError(f"--init-from {path}: {problem}", "start from a drafter whose target layers are "
+                          "distinct and ascending, or drop --init-from")
 
     def norm(v):
         return list(v) if isinstance(v, list | tuple) else v
@@ -556,7 +560,9 @@ def write_dir(out: Path, config: dict, tensors: dict, readme: str, force: bool =
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         (tmp / README).write_text(readme)
         for name in (WEIGHTS, CONFIG, README):
+            os.chmod(tmp / name, 0o644)  # a server running as another user reads them (save_file leaves 0600)
             fsync_file(tmp / name)
+        os.chmod(tmp, 0o755)
         fsync_dir(tmp)
         if out.exists():
             if not _exchange(tmp, out):  # no atomic swap here: old aside, new in, then the old removed
@@ -584,6 +590,10 @@ def export(source, out_dir, force: bool = False, target_model=None, log=print) -
     cfg, weights = read_checkpoint(ckpt)
     if not (target_model or cfg.target_model):
         raise ConfigError(f"checkpoint {ckpt} names no target model", "pass --target-model DIR")
+    problem = layer_ids_problem(cfg.target_layer_ids)
+    if problem:
+        raise ConfigError(f"checkpoint {ckpt}: {problem}", "train the drafter again with distinct ascending "
+                          "--target-layers; this one can be evaluated (dflash-eval) but not served by vLLM")
     target = target_facts(target_model or cfg.target_model)
     if max(cfg.target_layer_ids) == target["num_hidden_layers"] - 1:
         print(f"dflash-export: warning: target layer {target['num_hidden_layers'] - 1} is the last decoder layer: "

@@ -60,11 +60,33 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 
 
 def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """num_draft_layers ids spread evenly from 1 to L-3 (Qwen3 36 layers, 5 -> [1, 9, 17, 25, 33])."""
+    """num_draft_layers ids spread evenly from 1 to L-3 (Qwen3 36 layers, 5 -> [1, 9, 17, 25, 33]),
+    distinct and ascending always (LAYER_RULE): where 1..L-3 has too few layers the range reaches
+    up to L-1 (4 layers, 2 draft layers -> [1, 2]); a target with fewer than that is refused."""
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     start, end = 1, max(1, num_target_layers - 3)
-    return [int(round(start + i * (end - start) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+    end = min(num_target_layers - 1, max(end, start + num_draft_layers - 1))
+    if end - start + 1 < num_draft_layers:
+        raise ValueError(f"a target of {num_target_layers} decoder layers is too shallow for {num_draft_layers} "
+                         f"draft layers: the default needs {num_draft_layers} distinct layers among 1..{end} "
+                         f"({LAYER_RULE})")
+    step = (end - start) / (num_draft_layers - 1)  # >= 1, so the rounded ids stay distinct
+    return [int(round(start + i * step)) for i in range(num_draft_layers)]
+
+
+# vLLM gathers a DFlash drafter's target layers as tuple(sorted(set(ids))) (its models/interfaces.py):
+# a repeated id gives the drafter fewer features than it was trained on (refused at the first
+# request), ids out of order give it the right ones in the wrong order (served, silently worse).
+LAYER_RULE = "vLLM serves a drafter with its target layers as sorted distinct ids, so they must be strictly ascending"
+
+
+def layer_ids_problem(ids) -> str | None:
+    """Why these target layer ids cannot be served by vLLM (LAYER_RULE), or None."""
+    ids = list(ids)
+    if any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
+        return f"target layer ids {ids} are not strictly ascending: {LAYER_RULE}"
+    return None
 
 
 SPARE_MASK_ROWS = {151936: 151669, 248320: 248070}  # Qwen3; Qwen3.5/3.6 (the published drafters' ids)

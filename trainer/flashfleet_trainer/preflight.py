@@ -39,6 +39,7 @@ from .model import (
     frozen_io_names,
     is_hybrid,
     is_wrapped,
+    layer_ids_problem,
     linear_attention_kernels,
     resolve_attn_impl,
     supported_targets_line,
@@ -537,10 +538,18 @@ def preflight(args) -> Plan:
         except ValueError as e:
             raise ConfigError(f"--target-layers {args.target_layers!r} is not a list of integers", "e.g. 1,9,17,25,33") from e
     else:
-        layer_ids = default_target_layers(n_layers, args.num_draft_layers)
+        try:
+            layer_ids = default_target_layers(n_layers, args.num_draft_layers)
+        except ValueError as e:
+            raise ConfigError(f"--num-draft-layers {args.num_draft_layers}: {e}",
+                              "fewer --num-draft-layers, or --target-layers with distinct ascending ids") from e
     if not layer_ids or min(layer_ids) < 0 or max(layer_ids) >= n_layers:
         raise ConfigError(f"--target-layers {layer_ids} outside the target's decoder layers 0..{n_layers - 1}",
                           "use 0-based decoder-layer indices")
+    problem = layer_ids_problem(layer_ids)
+    if problem:
+        raise ConfigError(f"--target-layers {args.target_layers}: {problem}",
+                          f"--target-layers {','.join(map(str, sorted(set(layer_ids))))} (each layer once, in order)")
     mask_id = default_mask_token_id(vocab) if args.mask_token_id is None else args.mask_token_id
     mask_note = check_mask_token(model_dir, mask_id, vocab)
     kinds = getattr(text, "layer_types", None) or []
@@ -580,8 +589,16 @@ def preflight(args) -> Plan:
             raise ConfigError(f"GPU {top} requested (--target-gpus {args.target_gpus} --drafter-gpus "
                               f"{args.drafter_gpus}) but {have} CUDA device(s) are visible",
                               "request only visible GPUs, or `cpu` for both")
+    if weights is not None:  # the tensors a replica loads (a wrapped checkpoint's language model only)
+        params = weights.params
+    else:
+        stored_per_param = 2 if "16" in str(getattr(text, "dtype", None) or getattr(text, "torch_dtype", "")) else 4
+        params = _model_bytes(model_dir) / stored_per_param
+    replica = params * 2 * 1.1  # one target's weights in bf16, 10% over
     world = args.nnodes * len(drafter_devices)
-    targets = (f"{len(servers)} vLLM target server(s)" if servers else
+    targets = (f"{len(servers)} vLLM target server(s) of --server-gpus {args.server_gpus} GPU(s) each (the target's "
+               f"weights ~{replica / args.server_gpus / 2**30:.2f} GiB in bf16 per server GPU, before vLLM's KV cache)"
+               if servers else
                f"{len(target_devices)} target worker(s) on {','.join(target_devices)}")
     summary.append(f"topology: {targets}; "
                    f"{len(drafter_devices)} drafter rank(s) on {','.join(drafter_devices)} per node; "
@@ -608,13 +625,7 @@ def preflight(args) -> Plan:
     summary += lines
 
     # Memory: target replicas in their compute dtype, drafter params + grads + AdamW state in fp32.
-    if weights is not None:  # the tensors a replica loads (a wrapped checkpoint's language model only)
-        params = weights.params
-    else:
-        stored_per_param = 2 if "16" in str(getattr(text, "dtype", None) or getattr(text, "torch_dtype", "")) else 4
-        params = _model_bytes(model_dir) / stored_per_param
     drafter_params = dcfg.num_params()
-    replica = params * 2 * 1.1
     # With --drafter-serves-target every drafter device holds a replica too.
     replica_devices = target_devices + (drafter_devices if args.drafter_serves_target else [])
     for d in dict.fromkeys(d for d in replica_devices if d != "cpu"):

@@ -170,3 +170,20 @@ def test_soft_labels_at_kl_weight_0_skip_the_targets_final_state_and_train_as_ce
         runs[name] = [r["loss"] for r in recs if "tau" not in r], set(asked)
     assert runs["kl0"] == runs["ce"] and runs["ce"][1] == {False} and len(runs["ce"][0]) == 2
     assert runs["kl"][1] == {True} and runs["kl"][0] != runs["ce"][0]
+
+
+def test_a_longer_schedule_on_resume_sets_the_lr_of_the_resumed_step(trainer_argv, tmp_path):
+    """Resumed with --max-steps raised, the first step after the resume runs at the new schedule's LR
+    for its step (it ran at the old one's, 0.0 at the end of a cosine, before), and the start says so."""
+    from flashfleet_trainer.trainer import lr_lambda
+
+    out = tmp_path / "run"
+    common = ("--save-interval", "3", "--warmup-ratio", "0.2", "--lr", "1e-3")
+    assert run(parse_args(trainer_argv(*common, "--max-steps", "3", out=out)), log=lambda s: None) == 0
+    logs = []
+    assert run(parse_args(trainer_argv(*common, "--max-steps", "5", out=out)), log=logs.append) == 0
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "lr" in r}
+    schedule = lr_lambda(5, 0.2)
+    assert lrs[4] == pytest.approx(1e-3 * schedule(3)) and lrs[5] == pytest.approx(1e-3 * schedule(4))
+    assert lrs[4] > 0
+    assert any(s.startswith("schedule: 5 steps now, 3 when step-00000003 was saved") for s in logs), logs

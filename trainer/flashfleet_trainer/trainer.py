@@ -338,7 +338,16 @@ class Trainer:
                               "use a new --output-dir or --resume never")
         self.drafter.load_state_dict(weights)
         load_optimizer_state(self.opt, state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
+        # The LR is this run's schedule at the resumed step, never the checkpoint's: a longer
+        # --max-steps (or another --lr) on resume would otherwise train one step at the old one's.
+        for group in self.opt.param_groups:
+            group["initial_lr"] = a.lr
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, a.warmup_ratio),
+                                                       last_epoch=state["step"] - 1)
+        if state.get("total_steps") not in (None, self.total_steps):
+            self.log(f"schedule: {self.total_steps} steps now, {state['total_steps']} when {path.name} was saved: the "
+                     f"learning rate follows the new schedule from step {state['step']} "
+                     f"({self.sched.get_last_lr()[0]:.3g})")
         torch.set_rng_state(state["rng"]["torch"])
         ckpt.restore_cuda_rng(state["rng"].get("cuda"))
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]

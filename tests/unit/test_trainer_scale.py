@@ -14,7 +14,7 @@ import torch
 from flashfleet_trainer.checkpoint import complete_checkpoints
 from flashfleet_trainer.cli import main
 from flashfleet_trainer.config import EX_CONFIG, parse_devices
-from flashfleet_trainer.planner import anchor_headroom, best_split, headroom_line
+from flashfleet_trainer.planner import anchor_headroom, best_split, headroom_line, server_flags
 from flashfleet_trainer.preflight import memory_need
 from safetensors.torch import load_file
 
@@ -367,6 +367,35 @@ def test_a_target_bound_split_says_how_many_more_anchors_its_drafters_could_trai
     assert anchor_headroom(drafter_bound) == 1.0 and headroom_line(drafter_bound, 512, 40.2, False) is None
     balanced = best_split(2, 21588 / 0.125 / 1.02, 21588.0, 0.125)[0]  # 2% idle: within the measurement
     assert balanced["bound"] == "target" and headroom_line(balanced, 512, 40.2, False) is None
+
+
+def test_splits_with_vllm_servers_count_each_servers_gpus():
+    """8 GPUs, servers of 2 (tensor-parallel 2): 1, 2 or 3 servers leave 6, 4 or 2 drafter GPUs; 4
+    servers would leave none and are not offered. Rt 1,000 tokens/s a server x 0.5 rows a token =
+    500 rows/s a server; Rd 300 rows/s a drafter GPU."""
+    table = best_split(8, 1000.0, 300.0, 0.5, per_target=2, serving=False)
+    assert [(r["targets"], r["drafters"]) for r in table] == [(1, 6), (2, 4), (3, 2)]
+    assert [r["drafter_rows_per_s"] for r in table] == [500.0, 1000.0, 600.0]  # min(500k, 300 x drafters)
+    assert [r["bound"] for r in table] == ["target", "target", "drafter"]
+    assert [r["serving_rows_per_s"] for r in table] == [500.0, 1000.0, 600.0]  # a drafter GPU serves no server
+    assert max(table, key=lambda r: r["serving_rows_per_s"])["targets"] == 2  # the 4 + 4 layout
+    assert [(r["targets"], r["drafters"]) for r in best_split(8, 1000.0, 300.0, 0.5, per_target=3)] == [(1, 5), (2, 2)]
+    assert [r["targets"] for r in best_split(8, 1000.0, 300.0, 0.5, per_target=4)] == [1]  # 2 x 4 = 8: no drafter
+    assert best_split(8, 1000.0, 300.0, 0.5) == best_split(8, 1000.0, 300.0, 0.5, per_target=1)  # the default
+
+
+def test_a_server_split_names_the_servers_gpus_and_the_drafters():
+    """The trainer sees only the drafter GPUs; the servers' are the lowest ids those leave."""
+    import types
+
+    plan = types.SimpleNamespace(servers=["s0", "s1"], drafter_devices=["cuda:4", "cuda:5", "cuda:6", "cuda:7"])
+    row = best_split(8, 1000.0, 300.0, 0.5, per_target=2)[1]
+    assert server_flags(plan, row, 2) == ('2 `vllm.servers` entries (--target-servers with 2 URL(s), --server-gpus 2): '
+                                          'gpus "0,1", gpus "2,3"; --drafter-gpus 4,5,6,7')
+    one = best_split(8, 1000.0, 300.0, 0.5, per_target=2)[0]
+    assert server_flags(plan, one, 2).endswith('gpus "0,1"; --drafter-gpus 2,3,4,5,6,7')
+    cpu = types.SimpleNamespace(servers=["s0"], drafter_devices=["cpu", "cpu"])
+    assert server_flags(cpu, best_split(4, 1.0, 1.0, 1.0, per_target=2)[0], 2).endswith("; --drafter-gpus cpu,cpu")
 
 
 def test_plan_prints_a_split(trainer_argv, capsys):

@@ -205,6 +205,34 @@ def test_two_servers_feed_two_drafter_ranks_as_the_in_process_target_feeds_one(s
     assert list(servers[0].storage.iterdir()) == []
 
 
+def test_plan_measures_one_server_and_splits_the_node_into_servers_of_server_gpus_and_drafters(servers, argv, capsys):
+    """--plan through real servers: Rt through the first server only, a drafter rank on the CPU, and
+    the node of 2 servers x 2 devices + 2 drafters = 6 split into 1 or 2 servers of 2 (3 would
+    leave no drafter)."""
+    urls = ",".join(s.url for s in servers)
+    assert main(argv("--check", "--target-servers", urls, "--server-gpus", "2")) == 0
+    topology = [x for x in capsys.readouterr().out.splitlines() if x.startswith("check: topology:")]
+    assert topology and "2 vLLM target server(s) of --server-gpus 2 GPU(s) each" in topology[0], topology
+    assert re.search(r"weights ~[\d.]+ GiB in bf16 per server GPU", topology[0]), topology
+    before = [s.requests_served() for s in servers]
+    assert main(argv("--plan", "--plan-steps", "2", "--target-servers", urls, "--server-gpus", "2",
+                     "--drafter-gpus", "cpu,cpu")) == 0
+    out = [x for x in capsys.readouterr().out.splitlines() if x.startswith("plan:")]
+    measured = re.search(rf"target on vLLM server {re.escape(servers[0].url)}: ([\d,]+) tokens/s .*--server-gpus 2\); "
+                         r"drafter on cpu: ([\d,]+) rows/s .*; ([\d.]+) draft rows per target token", out[0])
+    assert measured, out
+    assert all(float(v.replace(",", "")) > 0 for v in measured.groups()), out[0]
+    assert [x.split(":")[1] for x in out[1:3]] == ["   1 vLLM server(s) x 2 device(s) + 4 drafter",
+                                                  "   2 vLLM server(s) x 2 device(s) + 2 drafter"], out
+    best = out[3]
+    assert best.startswith("plan: best split of 6 device(s): ") and "--server-gpus 2" in best, out
+    assert re.search(r"1 `vllm.servers` entry .*--drafter-gpus cpu,cpu,cpu,cpu$|2 `vllm.servers` entries .*"
+                     r"--drafter-gpus cpu,cpu$", best), best
+    served = [s.requests_served() - b for s, b in zip(servers, before, strict=True)]
+    assert served[1] == 1 and served[0] > 1, served  # the second server only probed at the start
+    assert list(servers[0].storage.iterdir()) == []  # the answers asked for ahead were read and removed too
+
+
 def test_a_killed_server_ends_the_run_clearly_and_the_restart_resumes(servers, argv, tmp_path):
     """Last in this module: it kills the second server (and starts it again on the same port)."""
     victim = servers[1]

@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "instead of target workers: a target larger than one GPU, with vLLM's own tensor and data "
                         "parallelism; each started with this run's settings (--serve-config prints them); "
                         "--target-gpus is then unused")
+    t.add_argument("--server-gpus", type=int, default=1, metavar="N",
+                   help="GPUs each of --target-servers uses (its vLLM tensor-parallel x data-parallel size, "
+                        ">= 1): --plan splits the node into servers of N GPUs and drafter GPUs; --check prints "
+                        "the target's weights per server GPU")
     t.add_argument("--target-server-wait", type=float, default=900.0, metavar="S",
                    help="seconds a start waits for --target-servers that do not answer yet (a server restarting "
                         "after a crash reloads its target), before it fails (>= 0; --check does not wait)")
@@ -357,6 +361,7 @@ def validate_numbers(args) -> None:
     at_least("eval_temperature", 0, "e.g. 0 (greedy) or 1")
     at_least("queue_depth", 0, "e.g. --queue-depth 0 (auto)")
     at_least("target_server_wait", 0, "e.g. --target-server-wait 900")
+    at_least("server_gpus", 1, "pass each vLLM server's tensor-parallel x data-parallel size, e.g. --server-gpus 2")
     at_least("plan_steps", 1, "e.g. 3")
     at_least("nnodes", 1, "e.g. 1")
     at_least("mask_token_id", 0, "drop it for the target's default spare row", optional=True)

@@ -22,6 +22,18 @@ target token (a larger --max-anchors) before they become the bound. Whether more
 sequence train a better drafter is the user's call; the planner only says what fits.
 It assumes devices are alike and that the hidden-state copy between devices is free (on one
 NVLink node it is small next to either side's compute). The first step is a warm-up, not counted.
+
+With --target-servers the target runs in vLLM servers of --server-gpus devices each (a server's
+tensor-parallel x data-parallel size), and a drafter device cannot serve. Decision: the planner
+still plans from measured rates only, so it needs the servers running; Rt is then the target
+tokens/s through ONE server (the first URL), from the same real training steps fed by that server
+with one micro-batch in flight (so its seconds are the server's busy time, counted once), Rd and
+rows_per_token as above. The node is the servers' devices and the listed drafter devices,
+n = len(servers) x server_gpus + len(--drafter-gpus), and every k servers that leave a drafter
+device (k x server_gpus < n) gives min(k x Rt x rows_per_token, (n - k x server_gpus) x Rd):
+best_split with per_target = server_gpus. Its advice names the number of `vllm.servers` entries
+and the --drafter-gpus. A server's Rt at that concurrency is a floor for one that several drafter
+ranks with deeper queues keep busier; rates measured on a CPU server are no GPU estimate.
 """
 
 import copy
@@ -31,6 +43,7 @@ from .feed import InProcessFeed
 from .metrics import Status
 from .preflight import Plan
 from .trainer import Rank, Trainer
+from .vllm_target import VllmFeed
 
 
 def node_devices(plan: Plan) -> list[str]:
@@ -41,21 +54,33 @@ def node_devices(plan: Plan) -> list[str]:
     return sorted({d for d in devs if d != "cpu"}, key=lambda d: int(d.split(":")[1]))
 
 
-def best_split(n: int, target_tok_s: float, drafter_rows_s: float, rows_per_token: float) -> list[dict]:
-    """One row per k = target devices (1..n-1): the drafter rows/s that split allows, its bound, and
-    the rows/s with --drafter-serves-target (the module docstring's x, times the drafters)."""
+def best_split(n: int, target_tok_s: float, drafter_rows_s: float, rows_per_token: float,
+               per_target: int = 1, serving: bool = True) -> list[dict]:
+    """One row per k = targets of `per_target` devices each that leave a drafter device (k x per_target
+    < n): the drafter rows/s that split allows, its bound, and the rows/s with --drafter-serves-target
+    (the module docstring's x, times the drafters; the plain figure where `serving` is False: a vLLM
+    server's drafter devices hold no replica)."""
     rows = []
-    one_target = target_tok_s * rows_per_token  # rows/s one target device can feed
-    for k in range(1, n):
+    one_target = target_tok_s * rows_per_token  # rows/s one target can feed
+    for k in range(1, (n - 1) // per_target + 1):
+        drafters = n - k * per_target
         supply = k * one_target  # rows/s the targets can feed
-        demand = (n - k) * drafter_rows_s  # rows/s the drafters can train
-        fed = supply / (n - k)  # each drafter device's share
-        serving = (n - k) * drafter_rows_s * (one_target + fed) / (one_target + drafter_rows_s)
-        rows.append({"targets": k, "drafters": n - k, "drafter_rows_per_s": min(supply, demand),
+        demand = drafters * drafter_rows_s  # rows/s the drafters can train
+        fed = supply / drafters  # each drafter device's share
+        serve = drafters * drafter_rows_s * (one_target + fed) / (one_target + drafter_rows_s) if serving else 0.0
+        rows.append({"targets": k, "drafters": drafters, "drafter_rows_per_s": min(supply, demand),
                      "bound": "target" if supply < demand else "drafter",
                      "demand_rows_per_s": demand,
-                     "serving_rows_per_s": max(min(supply, demand), min(serving, demand))})
+                     "serving_rows_per_s": max(min(supply, demand), min(serve, demand))})
     return rows
+
+
+def split_name(row: dict, server_gpus: int = 0) -> str:
+    """'7 target + 1 drafter' (target devices), or with vLLM servers of `server_gpus` devices each
+    '2 vLLM server(s) x 2 device(s) + 4 drafter'."""
+    if server_gpus:
+        return f"{row['targets']} vLLM server(s) x {server_gpus} device(s) + {row['drafters']} drafter"
+    return f"{row['targets']} target + {row['drafters']} drafter"
 
 
 def anchor_headroom(row: dict) -> float:
@@ -66,63 +91,108 @@ def anchor_headroom(row: dict) -> float:
     return row["demand_rows_per_s"] / row["drafter_rows_per_s"]
 
 
-def headroom_line(row: dict, max_anchors: int, peak_gib: float, serve: bool) -> str | None:
+def headroom_line(row: dict, max_anchors: int, peak_gib: float, serve: bool, server_gpus: int = 0) -> str | None:
     """The advice line for a split whose drafters would wait on the targets; None when they would
     not (within a few percent, about the spread of the planner's own measurement)."""
     headroom = anchor_headroom(row)
     if headroom < 1.05:
         return None
-    return (f"plan: at {row['targets']} target + {row['drafters']} drafter the targets are the bound: the drafters "
+    return (f"plan: at {split_name(row, server_gpus)} the targets are the bound: the drafters "
             f"could train {headroom:.1f}x the draft rows per target token in the same time (--max-anchors "
             f"{max_anchors} -> about {int(max_anchors * headroom)}, where the sequences have room for them; the "
             f"drafter's peak, {peak_gib:.1f} GiB now, grows with its rows; --plan again with it re-chooses the split)"
             + ("; that is the idle time --drafter-serves-target fills instead: take one or the other" if serve else ""))
 
 
-def run_plan(args, plan: Plan, log) -> int:
-    """Measure one target and one drafter in this process, log the table and the best split. Writes nothing."""
+def measure(args, plan: Plan) -> dict:
+    """A warm-up and --plan-steps training steps of one drafter rank in this process, fed by one
+    target replica or, with servers, by the first vLLM server: Rt, Rd, rows_per_token, the peak."""
     a = copy.copy(args)
     a.resume, a.max_steps, a.eval_num_prompts = "never", args.plan_steps + 1, 0
-    one = dataclasses.replace(plan, target_devices=plan.target_devices[:1], drafter_devices=plan.drafter_devices[:1])
+    one = dataclasses.replace(plan, target_devices=plan.target_devices[:1], drafter_devices=plan.drafter_devices[:1],
+                              servers=plan.servers[:1])
+    if plan.servers:
+        # One micro-batch in flight: the feed's target_s (its slowest request, all sent at once) then
+        # adds up to the seconds the server was busy; deeper, the micro-batches overlap at the server
+        # and the same seconds would count twice.
+        a.target_servers, a.queue_depth = plan.servers[0].url, 1
     trainer = Trainer(a, one, Status.null(), log=lambda s: None, rank=Rank())
     trainer.setup()
-    assert isinstance(trainer.feed, InProcessFeed)
-    recs = [trainer.train_step() for _ in range(a.max_steps)][1:]  # the first step warms up (and compiles)
+    assert isinstance(trainer.feed, VllmFeed if plan.servers else InProcessFeed)
+    try:
+        recs = [trainer.train_step() for _ in range(a.max_steps)][1:]  # the first step warms up (and compiles)
+    finally:
+        trainer.feed.close()  # a server's answers asked for ahead are read and removed too
     tokens = sum(r["target_tokens"] for r in recs)
     rows = sum(r["rows"] for r in recs)
-    rt = tokens / max(sum(r["target_s"] for r in recs), 1e-9)
-    rd = rows / max(sum(r["drafter_s"] for r in recs), 1e-9)
-    rpt = rows / max(tokens, 1)
-    peak = max(r["peak_mem_bytes"] for r in recs) / 2**30
-    devs = node_devices(plan)
-    log(f"plan: measured {len(recs)} step(s) after a warm-up; target on {one.target_devices[0]}: {rt:,.0f} tokens/s; "
-        f"drafter on {one.drafter_devices[0]}: {rd:,.0f} rows/s (peak {peak:.1f} GiB); "
-        f"{rpt:.3f} draft rows per target token ({rows / len(recs):,.0f} rows, {tokens / len(recs):,.0f} tokens "
-        "per step)")
-    if len(devs) < 2:
-        both = 1 / (1 / max(rt * rpt, 1e-9) + 1 / max(rd, 1e-9))
-        log(f"plan: one device ({devs[0]}): target and drafter take turns on it: about {both:,.0f} drafter rows/s; "
-            "list more devices in --target-gpus/--drafter-gpus to plan a split")
-        return 0
-    table = best_split(len(devs), rt, rd, rpt)
+    return {"steps": len(recs), "tokens": tokens, "rows": rows,
+            "rt": tokens / max(sum(r["target_s"] for r in recs), 1e-9),
+            "rd": rows / max(sum(r["drafter_s"] for r in recs), 1e-9),
+            "rpt": rows / max(tokens, 1), "peak_gib": max(r["peak_mem_bytes"] for r in recs) / 2**30,
+            "target": f"vLLM server {plan.servers[0].url}" if plan.servers else one.target_devices[0],
+            "drafter": one.drafter_devices[0]}
+
+
+def device_flags(devs: list[str], k: int) -> str:
+    """The first k of the node's devices as targets, the rest as drafters."""
+    ids = ["cpu"] * len(devs) if devs[0] == "cpu" else [d.split(":")[1] for d in devs]
+    return f"--target-gpus {','.join(ids[:k])} --drafter-gpus {','.join(ids[k:])}"
+
+
+def server_flags(plan: Plan, row: dict, server_gpus: int) -> str:
+    """A split of best_split's with servers, as the inventory's `vllm.servers` and the trainer's flags
+    take it. The trainer never sees the servers' GPUs: they are taken to be the lowest ids that
+    --drafter-gpus does not list."""
+    k = row["targets"]
+    counts = (f"{k} `vllm.servers` entr{'y' if k == 1 else 'ies'} (--target-servers with {k} URL(s), "
+              f"--server-gpus {server_gpus})")
+    if plan.drafter_devices[0] == "cpu":
+        return f"{counts}; --drafter-gpus {','.join(['cpu'] * row['drafters'])}"
+    listed = [int(d.split(":")[1]) for d in plan.drafter_devices]
+    n_servers = len(plan.servers) * server_gpus
+    node = sorted(listed + [i for i in range(n_servers + len(listed)) if i not in listed][:n_servers])
+    cut = k * server_gpus
+    gpus = ", ".join(f'gpus "{",".join(map(str, node[i:i + server_gpus]))}"' for i in range(0, cut, server_gpus))
+    return f"{counts}: {gpus}; --drafter-gpus {','.join(map(str, node[cut:]))}"
+
+
+def run_plan(args, plan: Plan, log) -> int:
+    """Measure one target (or one vLLM server) and one drafter in this process, log the table and
+    the best split. Writes nothing."""
+    m = measure(args, plan)
+    rt, rd, rpt, peak = m["rt"], m["rd"], m["rpt"], m["peak_gib"]
+    sg = args.server_gpus if plan.servers else 0
+    per = f" (one micro-batch in flight; --server-gpus {sg})" if sg else ""
+    log(f"plan: measured {m['steps']} step(s) after a warm-up; target on {m['target']}: {rt:,.0f} tokens/s{per}; "
+        f"drafter on {m['drafter']}: {rd:,.0f} rows/s (peak {peak:.1f} GiB); "
+        f"{rpt:.3f} draft rows per target token ({m['rows'] / m['steps']:,.0f} rows, "
+        f"{m['tokens'] / m['steps']:,.0f} tokens per step)")
+    if sg:  # the node: the servers' GPUs and the drafters'
+        n = len(plan.servers) * sg + len(plan.drafter_devices)
+        table = best_split(n, rt, rd, rpt, per_target=sg, serving=False)
+    else:
+        devs = node_devices(plan)
+        n = len(devs)
+        if n < 2:
+            both = 1 / (1 / max(rt * rpt, 1e-9) + 1 / max(rd, 1e-9))
+            log(f"plan: one device ({devs[0]}): target and drafter take turns on it: about {both:,.0f} drafter "
+                "rows/s; list more devices in --target-gpus/--drafter-gpus to plan a split")
+            return 0
+        table = best_split(n, rt, rd, rpt)
     for row in table:
         serving = (f"; {row['serving_rows_per_s']:,.0f} with --drafter-serves-target"
                    if row["serving_rows_per_s"] > row["drafter_rows_per_s"] else "")
-        log(f"plan:   {row['targets']} target + {row['drafters']} drafter: {row['drafter_rows_per_s']:,.0f} "
+        log(f"plan:   {split_name(row, sg)}: {row['drafter_rows_per_s']:,.0f} "
             f"drafter rows/s ({row['bound']}-bound){serving}")
     best = max(table, key=lambda r: r["serving_rows_per_s"])
     k, serve = best["targets"], best["serving_rows_per_s"] > best["drafter_rows_per_s"]
-    if devs[0] == "cpu":
-        flags = f"--target-gpus {','.join(['cpu'] * k)} --drafter-gpus {','.join(['cpu'] * (len(devs) - k))}"
-    else:
-        ids = [d.split(":")[1] for d in devs]
-        flags = f"--target-gpus {','.join(ids[:k])} --drafter-gpus {','.join(ids[k:])}"
+    flags = server_flags(plan, best, sg) if sg else device_flags(devs, k)
     if serve:
         flags += " --drafter-serves-target"
     bound = "the drafters serving too" if serve else f"{best['bound']}-bound"
-    log(f"plan: best split of {len(devs)} device(s): {k} target + {len(devs) - k} drafter, about "
+    log(f"plan: best split of {n} device(s): {split_name(best, sg)}, about "
         f"{best['serving_rows_per_s']:,.0f} drafter rows/s ({bound}): {flags}")
-    line = headroom_line(best, args.max_anchors, peak, serve)
+    line = headroom_line(best, args.max_anchors, peak, serve, sg)
     if line:
         log(line)
     if serve:

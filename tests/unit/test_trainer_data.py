@@ -20,8 +20,8 @@ from flashfleet_trainer.model import (
     DrafterConfig,
     block_attention_inputs,
     default_target_layers,
-    layer_ids_problem,
     drafter_hidden,
+    layer_ids_problem,
 )
 
 MASK = 99

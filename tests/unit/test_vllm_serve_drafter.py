@@ -1,0 +1,92 @@
+"""A drafter exported by dflash-export, served by vLLM itself (its CPU build, `make vllm-venv`,
+through flashfleet_trainer.vllm_serve_check): what a user serving it sees must be what the
+project's evaluator measured. vLLM's greedy output equals the target's own (the evaluator's output
+is the target's greedy output, speculation being lossless), vLLM's mean acceptance length equals
+dflash-eval's tau on the same prompts within 2%, and an untrained drafter is accepted about never.
+
+The drafter has two draft layers on the 4-layer target with the default target layers, which were
+[1, 1] before vLLM's rule was the trainer's (vLLM refused that drafter at its first request)."""
+
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+from flashfleet_trainer import export
+from flashfleet_trainer.cli import main as train_main
+from flashfleet_trainer.evaluate import load_exported_drafter, load_prompts, speculative_tau
+from flashfleet_trainer.model import HiddenStateProducer
+
+from tests.vllm_server import ROOT, VLLM_PYTHON, need_vllm
+
+pytestmark = pytest.mark.slow
+MAX_NEW = 16
+PROMPTS = 6
+
+
+def _train_and_export(tiny, root, name, *extra):
+    argv = ["--target-model", str(tiny / "model"), "--data-dir", str(tiny / "data"), "--output-dir",
+            str(root / name), "--target-gpus", "cpu", "--drafter-gpus", "cpu", "--block-size", "4",
+            "--num-draft-layers", "2", "--token-budget", "256", "--max-seq-len", "32", "--max-batch-size", "8",
+            "--max-anchors", "16", "--warmup-ratio", "0.1", "--eval-num-prompts", "0", "--log-interval", "1000",
+            *extra]
+    assert train_main(argv) == 0
+    out = root / f"{name}-export"
+    assert export.main([str(root / name), str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def drafters(tmp_path_factory):
+    """A target trained until a drafter can learn it (trainer_tiny's is near uniform), with heads of
+    32 (vLLM's CPU attention takes no head of 16); a drafter trained on it and one that was not."""
+    need_vllm()
+    from flashfleet_trainer.tiny import build
+
+    root = tmp_path_factory.mktemp("serve")
+    tiny = root / "tiny"
+    build(tiny, seed=0, vocab=128, hidden=128, layers=4, steps=100, num_seqs=64, prompt_len=8,
+          completion_len=24, num_eval=PROMPTS, log=lambda s: None)
+    trained = _train_and_export(tiny, root, "trained", "--lr", "3e-3", "--max-steps", "100")
+    untrained = _train_and_export(tiny, root, "untrained", "--lr", "1e-12", "--max-steps", "1")
+    return tiny, trained, untrained
+
+
+def _evaluator(tiny, drafter_dir, prompts):
+    """dflash-eval's figures (tau, each prompt's output) for an exported drafter, in this process."""
+    drafter = load_exported_drafter(drafter_dir, tiny / "model")
+    producer = HiddenStateProducer(tiny / "model", ["cpu"], drafter.config.target_layer_ids, "cpu")
+    trace = []
+    res = speculative_tau(producer, drafter, prompts, drafter.config.block_size, MAX_NEW, trace=trace)
+    return res["tau"], [t["output"][:MAX_NEW] for t in trace]
+
+
+def _vllm(tiny, drafter_dir, prompts, tmp_path):
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(prompts))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "trainer"), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    out = tmp_path / f"{drafter_dir.name}.json"
+    p = subprocess.run([str(VLLM_PYTHON), "-m", "flashfleet_trainer.vllm_serve_check", str(tiny / "model"),
+                        str(drafter_dir), str(path), str(out), "--max-new-tokens", str(MAX_NEW)],
+                       env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_vllm_serves_the_export_as_the_evaluator_measured_it(drafters, tmp_path):
+    torch.set_num_threads(1)
+    tiny, trained, untrained = drafters
+    assert json.loads((trained / "config.json").read_text())["dflash_config"]["target_layer_ids"] == [1, 2]
+    prompts = load_prompts(tiny / "data" / "eval" / "prompts.jsonl", PROMPTS)
+    tau, outputs = _evaluator(tiny, trained, prompts)
+    served = _vllm(tiny, trained, prompts, tmp_path)
+    assert served["drafts"] > 0 and served["vllm_version"].startswith("0.32")
+    assert served["outputs"] == outputs  # greedy and lossless: the target's own tokens
+    assert tau > 1.5, tau  # the comparison is about accepted drafts, not only bonus tokens
+    assert served["tau"] == pytest.approx(tau, rel=0.02), (served["tau"], tau)
+
+    tau0, outputs0 = _evaluator(tiny, untrained, prompts)
+    served0 = _vllm(tiny, untrained, prompts, tmp_path)
+    assert served0["outputs"] == outputs0 == outputs
+    assert served0["tau"] < 1.2 and tau0 < 1.2, (served0["tau"], tau0)

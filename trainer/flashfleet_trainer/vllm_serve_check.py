@@ -1,0 +1,68 @@
+"""Serve an exported drafter with vLLM itself and measure what users will see: vLLM's mean
+acceptance length on given prompts, and its greedy outputs.
+
+Runs in vLLM's own environment (its venv; `PYTHONPATH` reaching this package), not the trainer's:
+it imports nothing of flashfleet but the standard library and vLLM. The caller compares the figures
+with `dflash-eval --drafter` on the same prompts (tests/unit/test_vllm_serve_drafter.py):
+
+    python -m flashfleet_trainer.vllm_serve_check TARGET_DIR DRAFTER_DIR PROMPTS.json OUT.json \\
+        [--max-new-tokens 16] [--dtype float32] [--max-model-len 256]
+
+PROMPTS.json: a JSON list of prompts, each a list of token ids. Writes one JSON object to OUT.json
+(vLLM logs on stdout): `tau`
+(1 + accepted / drafts, vLLM's own counters: `vllm:spec_decode_num_drafts`, `..._num_accepted_tokens`),
+the counters, `outputs` (each prompt's generated ids) and `vllm_version`.
+
+Greedy, `ignore_eos` (the project's evaluator generates max-new-tokens whatever the tokens), the
+engine in its default multiprocess mode. `num_speculative_tokens` is the drafter's block size - 1
+(the block's first position is the anchor, known).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+            "accepted": "vllm:spec_decode_num_accepted_tokens"}
+
+
+def serve(target, drafter, prompts, max_new_tokens, dtype="float32", max_model_len=256) -> dict:
+    import vllm
+    from vllm import LLM, SamplingParams
+
+    block_size = json.loads((Path(drafter) / "config.json").read_text())["block_size"]
+    llm = LLM(model=str(target), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
+              skip_tokenizer_init=True, disable_log_stats=False, seed=0,
+              speculative_config={"method": "dflash", "model": str(drafter),
+                                  "num_speculative_tokens": block_size - 1})
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True, detokenize=False)
+    results = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+    counts = dict.fromkeys(COUNTERS, 0)
+    for metric in llm.get_metrics():
+        for key, name in COUNTERS.items():
+            if metric.name == name:
+                counts[key] += int(metric.value)
+    tau = 1 + counts["accepted"] / counts["drafts"] if counts["drafts"] else None
+    return {"tau": tau, **counts, "block_size": block_size, "vllm_version": vllm.__version__,
+            "outputs": [list(r.outputs[0].token_ids) for r in results]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("target")
+    p.add_argument("drafter")
+    p.add_argument("prompts", help="a JSON list of token id lists")
+    p.add_argument("out", help="where to write the result (JSON)")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=256)
+    a = p.parse_args(argv)
+    prompts = json.loads(Path(a.prompts).read_text())
+    result = serve(a.target, a.drafter, prompts, a.max_new_tokens, a.dtype, a.max_model_len)
+    Path(a.out).write_text(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

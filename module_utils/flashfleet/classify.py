@@ -1051,19 +1051,22 @@ def classify(evidence: dict) -> dict:
 # v1/worker/utils.py), torch's and NCCL's, searched over the server's whole invocation (vLLM's
 # API process repeats only "Engine core initialization failed. See root cause above").
 
-SERVER_SIGNATURES = (  # the first that matches names the death
+SERVER_SIGNATURES = (  # (verdict, pattern, what it says, action where not the verdict's): the first match names it
     ("server-kv-cache", re.compile(
         r"No available memory for the cache blocks|KV cache is needed, which is larger than the available KV cache"
-        r"|larger than the maximum number of tokens that can be stored in KV cache|"
-        r"[Ii]nsufficient (?:memory for|space in) (?:the )?KV cache"),
-     "the KV cache cannot hold one sequence of the server's max model length"),
+        r"|larger than the maximum number of tokens that can be stored in KV cache"
+        r"|[Ii]nsufficient (?:memory for|space in) (?:the )?KV cache|Available KV cache memory: -"
+        r"|less than requested memory for kv\b|in _check_enough_kv_cache_memory"),
+     "the KV cache cannot hold one sequence of the server's max model length", None),
     ("server-oom", re.compile(
-        r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
+        r"CUDA out of memory|OutOfMemoryError|CUDA (?:driver )?error: out of memory|cudaErrorMemoryAllocation"
         r"|DefaultCPUAllocator: (?:can't|not enough memory)|on startup is less than (?:desired GPU memory utilization"
         r"|the engine's budget)|MemoryError"),
-     "out of memory while loading or profiling the target"),
+     "out of memory while loading or profiling the target", None),
     ("server-nccl", re.compile(RE_NCCL_ERROR.pattern + r"|Watchdog caught collective operation timeout|NCCL WARN"),
-     "NCCL failed between the server's tensor-parallel workers"),
+     "NCCL failed between the server's tensor-parallel workers", None),
+    ("server-not-ready", re.compile(r"Timed out waiting for engines? to"),
+     "vLLM's API process gave up waiting for its engine to start (a slow load or warm-up)", "raise-timeout"),
 )
 
 
@@ -1086,14 +1089,14 @@ def _server_death(evidence: dict, server: dict) -> Finding | None:
         props.get("ActiveState") == "activating" and props.get("SubState") != "auto-restart")
     if up:  # serving (or starting) again: its last earlier invocation that failed, if any
         earlier = [i for i in invocations if i.id != props.get("InvocationID") and (i.exit_code or i.result)]
-        failed = [i for i in earlier if (i.result or "success") != "success" or i.start_timeout_line]
+        failed = [i for i in earlier if _server_failed(i, i.result, i.exit_code, i.exit_status)]
         if not failed:
             return None
         inv, facts = failed[-1], _exit_facts({}, failed[-1], current=False)
     else:
         inv = _last_exit_invocation(invocations, props)
         facts = _exit_facts(props, inv, current=True)
-        if facts["result"] in (None, "success") and not inv.start_timeout_line and not inv.start_failed:
+        if not _server_failed(inv, facts["result"], facts["code"], facts["status"]):
             return None  # stopped, or never ran
     end = facts["ts"] or inv.last_ts
     app = inv.app_lines()
@@ -1105,11 +1108,11 @@ def _server_death(evidence: dict, server: dict) -> Finding | None:
         return Finding(verdict, reason, lines, NEXT_STEPS[verdict].replace("SERVER", name), action,
                        server=name, ended_at=end, up_again=up)
 
-    for verdict, rx, what in SERVER_SIGNATURES:
+    for verdict, rx, what, action in SERVER_SIGNATURES:
         hit = _grep(app, rx)
         if hit:
             return finding(verdict, f"{name}: {what}: {strip_prefix(hit[1]).strip()[:300]}",
-                           [jline(*hit)] + base)
+                           [jline(*hit)] + base, action)
     start = inv.first_ts or (None if up else parse_systemd_time(props.get("ExecMainStartTimestamp")))
     pids = _run_pids({} if up else props, {}, inv)
     for oom in kernel_scan(evidence, start, end)["ooms"]:
@@ -1127,6 +1130,14 @@ def _server_death(evidence: dict, server: dict) -> Finding | None:
                        "raise-timeout" if inv.start_timeout_line and not text else None)
     return finding("server-died", f"{name}: died after it became ready ({_describe_exit(facts)}){last}",
                    lines + base)
+
+
+def _server_failed(inv: Invocation, result, code, status) -> bool:
+    """The server's invocation ended on its own: a failure systemd reports, a start that timed out,
+    or an exit 0 that no stop asked for (vLLM's API server exits 0 once its engine has died)."""
+    if inv.start_timeout_line or inv.start_failed or result not in (None, "success"):
+        return True
+    return code == "exited" and status == 0 and not inv.stopping
 
 
 def _names_a_server(reason: str, lines: list[str]) -> bool:

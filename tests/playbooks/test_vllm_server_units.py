@@ -102,7 +102,7 @@ def test_each_server_runs_the_runs_extraction_on_its_own_port_and_gpus(tmp_path,
         assert probe[0].endswith("/bin/dflash-vllm-probe") and probe[1:] == [
             f"http://127.0.0.1:{port}", "--layers", "2,17,32,47,62,64"]
     unit = files["flashfleet-vllm@.service"]
-    assert "KillMode=control-group" in unit and "Restart=on-failure" in unit
+    assert "KillMode=control-group" in unit and "Restart=always" in unit
 
 
 def test_a_run_without_servers_gets_none(tmp_path, run_playbook):

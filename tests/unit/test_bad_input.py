@@ -108,6 +108,11 @@ LAYERS = [
     (["--num-draft-layers", "4"], "a target of 4 decoder layers is too shallow for 4 draft layers"),
 ]
 
+SERVER_CHECK = [
+    (["--server-check-every", "-1"], "--server-check-every -1: must be >= 0"),
+    (["--server-check-every", "2"], "--server-check-every 2 without --target-servers: there is no server to check"),
+]
+
 ARGPARSE = [
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
@@ -117,7 +122,7 @@ ARGPARSE = [
 ]
 
 
-@pytest.mark.parametrize(("extra", "says"), NUMBERS + FP8 + LAYERS + ARGPARSE, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+@pytest.mark.parametrize(("extra", "says"), NUMBERS + FP8 + LAYERS + SERVER_CHECK + ARGPARSE, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_bad_flag_is_one_line_exit_78_nothing_changed(extra, says, trainer_argv, out_dir, capsys):
     line = _refused(trainer_argv(*extra, out=out_dir), capsys, out_dir)
     assert says in line, line

@@ -233,6 +233,26 @@ def test_plan_measures_one_server_and_splits_the_node_into_servers_of_server_gpu
     assert list(servers[0].storage.iterdir()) == []  # the answers asked for ahead were read and removed too
 
 
+def test_server_check_holds_the_server_to_this_processs_own_target(servers, argv, tmp_path, capsys):
+    """--server-check-every: the served target agrees with the one loaded here (fp32 both sides) at
+    the first micro-batch and every N after; a server serving another model of the same shape (the
+    trainer's --target-model a differently seeded twin) is refused at the first, in one line."""
+    from flashfleet_trainer.tiny import build
+
+    check = ("--use-soft-labels", "--target-servers", servers[0].url, "--server-check-every", "2", "--max-steps", "3")
+    assert main(argv(*check, out=tmp_path / "same")) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("server check:")]
+    assert len(lines) == 4, lines  # micro-batches 0 and 2 of 3 steps: features and final state each
+    assert all(float(re.search(r"relative error (\S+)", x).group(1)) < 1e-4 for x in lines), lines
+    twin = tmp_path / "twin"
+    build(twin, seed=1, vocab=128, hidden=128, layers=N_LAYERS, steps=5, num_seqs=8, prompt_len=8, completion_len=24,
+          num_eval=1, log=lambda s: None)
+    assert main([*argv(*check, out=tmp_path / "twin-run"), "--target-model", str(twin / "model")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"TargetServerError: {messages.TARGET_SERVER} {servers[0].url} features differ" in err, err
+    assert "> --server-check-tol 0.02" in err and messages.TARGET_SERVER_RE.search(err)
+
+
 def test_a_killed_server_ends_the_run_clearly_and_the_restart_resumes(servers, argv, tmp_path):
     """Last in this module: it kills the second server (and starts it again on the same port)."""
     victim = servers[1]

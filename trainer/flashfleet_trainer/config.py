@@ -95,6 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPUs each of --target-servers uses (its vLLM tensor-parallel x data-parallel size, "
                         ">= 1): --plan splits the node into servers of N GPUs and drafter GPUs; --check prints "
                         "the target's weights per server GPU")
+    t.add_argument("--server-check-every", type=int, default=0, metavar="N",
+                   help="with --target-servers: at the first micro-batch and every N after, compare one sequence's "
+                        "features from the server with this process's own target on --server-check-device "
+                        "(loaded once; where the target fits there) and fail on a relative error above "
+                        "--server-check-tol (0 = never)")
+    t.add_argument("--server-check-device", default="cpu", help="where --server-check-every's target runs: `cpu` "
+                   "or one GPU index")
+    t.add_argument("--server-check-tol", type=float, default=0.02, metavar="R",
+                   help="largest relative L2 error of a checked sequence's features (bf16 engines differ by "
+                        "about 1e-2, fp32 by 1e-6)")
     t.add_argument("--target-server-wait", type=float, default=900.0, metavar="S",
                    help="seconds a start waits for --target-servers that do not answer yet (a server restarting "
                         "after a crash reloads its target), before it fails (>= 0; --check does not wait)")
@@ -323,7 +333,7 @@ def validate_numbers(args) -> None:
 
     for dest in ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip", "kl_temperature", "kl_weight",
                  "streak_alpha", "decay_gamma", "noise_start", "noise_end", "rdzv_timeout", "node_timeout",
-                 "eval_temperature", "target_server_wait"):
+                 "eval_temperature", "target_server_wait", "server_check_tol"):
         v = getattr(args, dest, None)
         flag = "--" + dest.replace("_", "-")
         need(v is None or math.isfinite(v), f"{flag} {v} is not a finite number", f"pass {flag} as a finite number")
@@ -361,6 +371,8 @@ def validate_numbers(args) -> None:
     at_least("eval_temperature", 0, "e.g. 0 (greedy) or 1")
     at_least("queue_depth", 0, "e.g. --queue-depth 0 (auto)")
     at_least("target_server_wait", 0, "e.g. --target-server-wait 900")
+    at_least("server_check_every", 0, "e.g. --server-check-every 500 (0 = never)")
+    at_least("server_check_tol", 0, "e.g. --server-check-tol 0.02")
     at_least("server_gpus", 1, "pass each vLLM server's tensor-parallel x data-parallel size, e.g. --server-gpus 2")
     at_least("plan_steps", 1, "e.g. 3")
     at_least("nnodes", 1, "e.g. 1")

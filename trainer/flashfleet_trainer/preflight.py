@@ -578,7 +578,14 @@ def preflight(args) -> Plan:
     if args.target_servers:  # the target runs in vLLM: no target workers, no replica in this trainer
         target_devices = []
         servers = check_target_servers(args, layer_ids, n_layers, vocab, h, summary)
+        if args.server_check_every:
+            parse_devices(args.server_check_device, "--server-check-device")
+            summary.append(f"server check: every {args.server_check_every} micro-batch(es) one sequence against "
+                           f"the target loaded on {args.server_check_device} (tol {args.server_check_tol:g})")
     else:
+        if args.server_check_every:
+            raise ConfigError(f"--server-check-every {args.server_check_every} without --target-servers: there is "
+                              "no server to check", "drop --server-check-every, or pass --target-servers")
         target_devices = parse_devices(args.target_gpus, "--target-gpus")
     check_devices(args, target_devices, drafter_devices)
     cuda = [d for d in target_devices + drafter_devices if d != "cpu"]

@@ -277,7 +277,7 @@ class Trainer:
         if self.dev.startswith("cuda"):
             torch.cuda.set_device(self.dev)
         if self.feed is None and a.target_servers:  # the target runs in vLLM (vllm_target)
-            self.feed = VllmFeed.for_training(a, p, self.dev)
+            self.feed = VllmFeed.for_training(a, p, self.dev, self.log)
         elif self.feed is None:
             self.r.notifier.status("loading target")
             with LoadWatch(a.target_model, self.r.notifier, self.status):  # progress; start timeout extended

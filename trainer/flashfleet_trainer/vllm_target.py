@@ -13,6 +13,7 @@ sequence's hidden states at the layers it was started for to a safetensors file 
     VllmFeed      the Feed: the next --queue-depth micro-batches in flight, one request per
                   sequence, servers taken round-robin, features assembled as the in-process
                   target gives them (the final norm applied here, from the target's own weight)
+    ServerCheck   --server-check-every: one sequence's features against this process's own target
 
 A server that dies or answers wrongly stops the run with TargetServerError (exit 1: the unit's
 restart policy resumes from the newest checkpoint once the server is back).
@@ -32,7 +33,7 @@ from urllib.parse import urlparse
 import torch
 from flashfleet.contract.messages import TARGET_SERVER
 
-from .config import TargetServerError, UnreachableServerError
+from .config import TargetServerError, UnreachableServerError, parse_devices
 from .feed import Features, pad_batch
 from .vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
 
@@ -184,12 +185,48 @@ def check_hidden(tensors: dict, sent, want_ids, url: str, hidden: int | None = N
     return h
 
 
+class ServerCheck:
+    """--server-check-every N: at the first micro-batch and every N after, the features of its first
+    sequence from the server against this process's own target (--server-check-device, loaded
+    once). The guards catch broken files; this catches a server that serves something else: another
+    model or revision, a wrong dtype or quantization, an engine bug (the zero features vLLM gave
+    hybrid targets before mid-2026 were one)."""
+
+    def __init__(self, args, layer_ids, log):
+        from .model import HiddenStateProducer
+
+        self.every, self.tol, self.log, self.seen = args.server_check_every, args.server_check_tol, log, 0
+        self.device = parse_devices(args.server_check_device, "--server-check-device")[0]
+        self.producer = HiddenStateProducer(args.target_model, [self.device], layer_ids, self.device)
+
+    def due(self) -> bool:
+        due = self.seen % self.every == 0
+        self.seen += 1
+        return due
+
+    def compare(self, url, seq, feats, last):
+        """feats [T, n*H] and last [T, H] (normed, or None) of `seq` from the server at `url`."""
+        ids = torch.as_tensor(seq, dtype=torch.long)[None].to(self.device)
+        mine, mine_last = self.producer.forward(ids, want_last=last is not None)
+        pairs = [("features", feats, mine[0])] + ([("final state", last, mine_last[0])] if last is not None else [])
+        for what, theirs, ours in pairs:
+            err = ((theirs.float().cpu() - ours.float().cpu()).norm() / ours.float().norm().clamp_min(1e-12)).item()
+            self.log(f"server check: {url}: {len(seq)} tokens, {what} relative error {err:.2e} (tol {self.tol:g})")
+            if not err <= self.tol:
+                raise TargetServerError(
+                    f"{TARGET_SERVER} {url} {what} differ from this process's own target ({len(seq)} tokens): "
+                    f"relative error {err:.3g} > --server-check-tol {self.tol:g}; does the server serve the same "
+                    "model, revision and dtype as --target-model?")
+
+
 class VllmFeed:
     """feed.Feed over vLLM servers (module docstring). `norm`: the target's final norm (a module), or
     None when the run needs no final state (feed.wants_final_state)."""
 
-    def __init__(self, servers: list[Server], layer_ids, num_layers, norm, device, depth, max_batch_size, hidden=None):
+    def __init__(self, servers: list[Server], layer_ids, num_layers, norm, device, depth, max_batch_size, hidden=None,
+                 check: ServerCheck | None = None):
         self.servers, self.layer_ids, self.norm, self.device = servers, list(layer_ids), norm, device
+        self.check = check
         self.hidden = hidden  # the target's width, checked on every file
         self.want = server_layer_ids(layer_ids, num_layers)  # the columns of every file, in order
         self.cols = [self.want.index(i + 1) for i in self.layer_ids]
@@ -198,13 +235,13 @@ class VllmFeed:
         self.pool = ThreadPoolExecutor(max_workers=min(64, self.depth * max_batch_size),
                                        thread_name_prefix="vllm-target")
         self.turn = itertools.cycle(range(len(servers)))  # round-robin, one sequence at a time
-        self.inflight = {}  # key -> one future per sequence of that micro-batch, in its order
+        self.inflight = {}  # key -> (server URL, future) per sequence of that micro-batch, in its order
         self.data = self.upcoming = None
 
     @classmethod
-    def for_training(cls, args, plan, device) -> "VllmFeed":
+    def for_training(cls, args, plan, device, log=print) -> "VllmFeed":
         """A drafter rank's feed over the servers preflight checked (plan.servers), with the target's
-        final norm on `device` when the loss reads the final state."""
+        final norm on `device` when the loss reads the final state, and the --server-check-every check."""
         from .feed import wants_final_state
         from .model import load_final_norm
 
@@ -213,8 +250,9 @@ class VllmFeed:
                                                 args.max_seq_len, plan.vocab_size, hidden)[0]
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
         norm = load_final_norm(args.target_model, device, dtype) if wants_final_state(args) else None
+        check = ServerCheck(args, plan.layer_ids, log) if args.server_check_every else None
         return cls(servers, plan.layer_ids, plan.num_target_layers, norm, device, args.queue_depth or 2,
-                   args.max_batch_size, hidden)
+                   args.max_batch_size, hidden, check)
 
     def start(self, data, upcoming):
         self.data, self.upcoming = data, upcoming
@@ -232,13 +270,15 @@ class VllmFeed:
                 return
             epoch, index, idx = item
             seqs = [self.data.seq(i)[0] for i in idx]
-            self.inflight[(epoch, index)] = [self.pool.submit(self._one, self.servers[next(self.turn)], s) for s in seqs]
+            asked = [(self.servers[next(self.turn)], s) for s in seqs]
+            self.inflight[(epoch, index)] = [(server.url, self.pool.submit(self._one, server, s)) for server, s in asked]
 
     def get(self, key, idx) -> Features:
         t0 = time.perf_counter()
-        ready = sum(all(f.done() for f in fs) for fs in self.inflight.values())
+        ready = sum(all(f.done() for _, f in fs) for fs in self.inflight.values())
         occupancy = min(1.0, ready / self.depth)
-        answers = [f.result() for f in self.inflight.pop(key)]  # a server's failure is raised here, in the loop
+        asked = self.inflight.pop(key)
+        answers = [f.result() for _, f in asked]  # a server's failure is raised here, in the loop
         target_s = max(s for _, s in answers)  # its slowest sequence: request, server, file (they run side by side)
         self._fill()
         ids, lengths = pad_batch(self.data, idx)
@@ -256,6 +296,9 @@ class VllmFeed:
             with torch.no_grad():
                 last = self.norm(last.to(self.device, self.norm.weight.dtype))
             last[(torch.arange(ids.shape[1])[None] >= lengths[:, None]).to(last.device)] = 0
+        if self.check is not None and self.check.due():
+            n = int(lengths[0])
+            self.check.compare(asked[0][0], ids[0, :n].tolist(), feats[0, :n], None if last is None else last[0, :n])
         return Features(feats, last, lengths, target_s, time.perf_counter() - t0, occupancy)
 
     def close(self, wait=True):

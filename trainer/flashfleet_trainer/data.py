@@ -24,6 +24,10 @@ import torch
 from .config import ConfigError
 from .loss import IGNORE
 
+# The Parquet columns: owned here, written by data_build (dflash-data) and tiny data sets.
+INPUT_IDS = "input_ids"
+LOSS_MASK = "loss_mask"
+
 
 def parquet_files(data_dir) -> list[Path]:
     d = Path(data_dir)
@@ -52,14 +56,14 @@ def check_schema(data_dir) -> tuple[list[Path], int]:
         except Exception as e:
             raise ConfigError(f"{f} is not readable Parquet ({e})", "re-export the data as Parquet") from e
         names = schema.names
-        if "input_ids" not in names:
+        if INPUT_IDS not in names:
             raise ConfigError(f"{f}: no `input_ids` column (columns: {', '.join(names)})",
                               "write token ids as an `input_ids` list<int> column")
-        if not _is_int_list(schema.field("input_ids").type):
-            raise ConfigError(f"{f}: `input_ids` has type {schema.field('input_ids').type}, not list<integer>",
+        if not _is_int_list(schema.field(INPUT_IDS).type):
+            raise ConfigError(f"{f}: `input_ids` has type {schema.field(INPUT_IDS).type}, not list<integer>",
                               "store pre-tokenized ids, not text")
-        if "loss_mask" in names and not _is_int_list(schema.field("loss_mask").type, allow_bool=True):
-            raise ConfigError(f"{f}: `loss_mask` has type {schema.field('loss_mask').type}, not list<integer|bool>",
+        if LOSS_MASK in names and not _is_int_list(schema.field(LOSS_MASK).type, allow_bool=True):
+            raise ConfigError(f"{f}: `loss_mask` has type {schema.field(LOSS_MASK).type}, not list<integer|bool>",
                               "store loss_mask as a list of 0/1 per token")
         rows += meta.num_rows
     if rows == 0:
@@ -91,10 +95,10 @@ def load_data(data_dir, max_seq_len: int, vocab_size: int | None = None) -> Toke
     files, _ = check_schema(data_dir)
     toks, masks, lens = [], [], []
     for f in files:
-        table = pq.read_table(f, columns=[c for c in ("input_ids", "loss_mask") if c in pq.read_schema(f).names])
-        ids = table.column("input_ids").combine_chunks()
-        has_mask = "loss_mask" in table.column_names
-        lm = table.column("loss_mask").combine_chunks() if has_mask else None
+        table = pq.read_table(f, columns=[c for c in (INPUT_IDS, LOSS_MASK) if c in pq.read_schema(f).names])
+        ids = table.column(INPUT_IDS).combine_chunks()
+        has_mask = LOSS_MASK in table.column_names
+        lm = table.column(LOSS_MASK).combine_chunks() if has_mask else None
         for r in range(len(ids)):
             x = np.asarray(ids[r].values.to_numpy(zero_copy_only=False), dtype=np.int64)
             if has_mask:

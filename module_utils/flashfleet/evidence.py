@@ -359,8 +359,31 @@ def gather_servers(host, run, lines):
     if rc != 0:
         return {"readable": False, "error": err or f"systemctl exit {rc}", "units": []}
     return {"readable": True, "error": None,
-            "units": [{"unit": name, "unit_props": gather_unit(host, name), "journal": gather_journal(host, name, lines)}
+            "units": [{"unit": name, "unit_props": gather_unit(host, name), "journal": gather_server_journal(host, name, lines)}
                       for name in layout.vllm_units_listed(run, out)]}
+
+
+def gather_server_journal(host, unit, lines):
+    """A server's journal: its last `lines` entries, plus systemd's own messages about it and the
+    output of its last invocation that failed. A server that restarted and served on writes far
+    more than the trainer (a line per request at least), which pushes its death out of any tail."""
+    journal = gather_journal(host, unit, lines)
+    if not journal["readable"]:
+        return journal
+    fields = "--output-fields=" + ",".join(JOURNAL_FIELDS)
+    _rc, out, _err = host.run(["journalctl", "_PID=1", f"UNIT={unit}", "-o", "json", "--no-pager", "-q", "-n",
+                               str(lines), fields])
+    manager = parse_journal_json(out, lines)
+    failed = [e.get("INVOCATION_ID") for e in manager if e.get("UNIT_RESULT") not in (None, "success")]
+    if failed and failed[-1]:
+        _rc, out, _err = host.run(["journalctl", f"_SYSTEMD_INVOCATION_ID={failed[-1]}", "-o", "json", "--no-pager",
+                                   "-q", "-n", str(lines), fields])
+        manager += parse_journal_json(out, lines)
+    seen = {(e.get("__REALTIME_TIMESTAMP"), e.get("_PID"), str(e.get("MESSAGE"))) for e in journal["entries"]}
+    extra = [e for e in manager if (e.get("__REALTIME_TIMESTAMP"), e.get("_PID"), str(e.get("MESSAGE"))) not in seen]
+    if extra:
+        journal["entries"] = sorted(journal["entries"] + extra, key=lambda e: int(e.get("__REALTIME_TIMESTAMP") or 0))
+    return journal
 
 
 def gather_kernel(host, since, scan, keep):

@@ -314,7 +314,7 @@ STORAGE_PATH = "/dev/shm/flashfleet-vllm"  # where servers write their files (na
 def serve_argv(layer_ids, num_layers, storage_path=STORAGE_PATH) -> list[str]:
     """The arguments `vllm serve` needs to hand a run its features (--serve-config prints them; the
     server units and the tests pass them): the layers to extract, flashfleet's connector writing to
-    `storage_path`, and chunked prefill off, as vLLM's extraction guide asks."""
+    `storage_path`, chunked prefill off as vLLM's extraction guide asks, and no access log."""
     from .vllm_format import CONNECTOR, CONNECTOR_MODULE
 
     spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
@@ -322,8 +322,9 @@ def serve_argv(layer_ids, num_layers, storage_path=STORAGE_PATH) -> list[str]:
                                                  server_layer_ids(layer_ids, num_layers)}}}
     kv = {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_producer",
           "kv_connector_extra_config": {"shared_storage_path": str(storage_path)}}
+    # No access log: a line per sequence would bury the server's journal, which diagnose reads.
     return ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv),
-            "--no-enable-chunked-prefill"]
+            "--no-enable-chunked-prefill", "--disable-uvicorn-access-log"]
 
 
 def check_servers(spec, layer_ids, num_layers, max_seq_len, vocab, hidden=None, wait_s=0.0,

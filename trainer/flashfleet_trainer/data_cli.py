@@ -35,7 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--served-model", default=None, help="the served model's name when the server has several")
     r.add_argument("--temperature", type=float, default=0.7)
     r.add_argument("--top-p", type=float, default=0.95)
-    r.add_argument("--top-k", type=int, default=-1)
+    r.add_argument("--top-k", type=int, default=0, help="0: off")
     r.add_argument("--max-tokens", type=int, default=2048, help="per answer (capped by the server's max_model_len)")
     r.add_argument("--seed", type=int, default=0, help="each prompt's seed is this plus a hash of its id")
     r.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")

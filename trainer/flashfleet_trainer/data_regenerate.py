@@ -49,7 +49,7 @@ class ServerGoneError(RuntimeError):
 class Sampling:
     temperature: float = 0.7
     top_p: float = 0.95
-    top_k: int = -1
+    top_k: int = 0  # 0: off
     max_tokens: int = 2048
     seed: int = 0
 

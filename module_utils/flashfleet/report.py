@@ -31,6 +31,7 @@ from pathlib import Path
 from .contract import layout, metrics, status
 
 DIAGNOSIS = "diagnosis.json"  # written by run_diagnosis beside the host's copies
+SERVE_CHECK = "serve_check.json"  # RUNS_DIR/RUN/, written by run_collect's serve check (collect.yml -e serve_check=true)
 PEAK_MEM_GIB = "peak_mem_gib"  # derived here from the record's peak_mem_bytes
 
 # (title, y label, [(metric key, label)], log scale). Every key is a metrics.jsonl key
@@ -253,7 +254,7 @@ figure{margin:1.5em 0}figcaption{font-weight:600;margin-bottom:.3em}img{max-widt
 .v-running,.v-completed{color:#176117}.v-unknown,.v-stopped{color:#7a5b00}.bad{color:#a01010}"""
 
 
-def render(run: str, hosts: dict[str, dict]) -> str:
+def render(run: str, hosts: dict[str, dict], serve_check: dict | None = None) -> str:
     figs = plots(hosts) if any(h["metrics"] for h in hosts.values()) else []
     e = html.escape
     rows = []
@@ -282,6 +283,8 @@ def render(run: str, hosts: dict[str, dict]) -> str:
                   "</thead><tbody>",
                   *(f"<tr><td>{e(h)}</td><td>{n}</td><td>{st}</td></tr>" for h, n, st in restarts),
                   "</tbody></table>"]
+    if serve_check:  # before the curves: the figure a user serving the drafter will see
+        parts += serve_check_part(serve_check)
     parts.append("<h2>Training curves</h2>")
     if not figs:
         parts.append("<p>No metrics records yet.</p>")
@@ -292,12 +295,24 @@ def render(run: str, hosts: dict[str, dict]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def serve_check_part(check: dict) -> list[str]:
+    """The report's lines for collect.yml's serve check: vLLM's acceptance beside dflash-eval's tau."""
+    e, vllm, ours = html.escape, check.get("vllm") or {}, check.get("dflash_eval") or {}
+    tau, theirs = ours.get(metrics.TAU), vllm.get("tau")
+    gap = f" ({(theirs / tau - 1) * 100:+.1f}%)" if isinstance(tau, int | float) and isinstance(theirs, int | float) and tau else ""
+    return ["<h2>Served by vLLM</h2>",
+            f'<p id="serve-check">vLLM {e(str(vllm.get("vllm_version", "?")))} on {e(str(check.get("host")))}: mean '
+            f"acceptance length <b>{_fmt(theirs)}</b> ({vllm.get('drafts', '?')} drafts, {vllm.get('accepted', '?')} "
+            f"accepted); dflash-eval's tau on the same prompts ({check.get('prompts_per_set')} per set, "
+            f"{check.get('max_new_tokens')} new tokens): <b>{_fmt(tau)}</b>{gap}.</p>"]
+
+
 def write_report(run_dir: Path, output: Path | None = None) -> Path:
     run_dir = Path(run_dir)
     hosts = load_run(run_dir)
     output = Path(output) if output else run_dir / "report.html"
     tmp = output.with_suffix(".html.tmp")
-    tmp.write_text(render(run_dir.name, hosts))
+    tmp.write_text(render(run_dir.name, hosts, read_json(run_dir / SERVE_CHECK)))
     tmp.replace(output)
     return output
 

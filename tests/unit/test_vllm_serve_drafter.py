@@ -90,3 +90,36 @@ def test_vllm_serves_the_export_as_the_evaluator_measured_it(drafters, tmp_path)
     served0 = _vllm(tiny, untrained, prompts, tmp_path)
     assert served0["outputs"] == outputs0 == outputs
     assert served0["tau"] < 1.2 and tau0 < 1.2, (served0["tau"], tau0)
+
+
+def test_collect_serve_check_records_vllms_acceptance_beside_the_runs_tau(drafters, tmp_path, run_playbook):
+    """collect.yml -e export=true -e serve_check=true on a host with vLLM (this machine, local
+    connection): the host exports the drafter, dflash-eval and vLLM measure it on the run's held-out
+    prompts, and both figures come home to serve_check.json and report.html."""
+    import getpass
+    import shutil
+    import sys
+
+    tiny, trained, _ = drafters
+    run = "trained"
+    host_root, config_root, home = tmp_path / "host", tmp_path / "etc", tmp_path / "runs"
+    shutil.copytree(trained.parent / run, host_root / run)
+    config_root.mkdir()
+    (config_root / f"{run}.json").write_text(json.dumps({"target_model": str(tiny / "model"),
+                                                         "data_dir": str(tiny / "data")}))
+    inv = tmp_path / "hosts.json"
+    inv.write_text(json.dumps({"all": {"vars": {"flashfleet_runs": {run: {}}}, "children": {"gpu_nodes": {"hosts": {
+        "here": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
+    r = run_playbook(ROOT / "collect.yml", inv, run=run, export=True, serve_check=True, flashfleet_runs_dir=str(home),
+                     flashfleet_runs_root=str(host_root), flashfleet_config_root=str(config_root),
+                     flashfleet_venv=sys.prefix, flashfleet_vllm_venv=str(VLLM_PYTHON.parent.parent),
+                     run_collect_export_user=getpass.getuser(), run_collect_use_rsync="false",
+                     run_collect_serve_check_prompts=PROMPTS, run_collect_serve_check_max_new_tokens=MAX_NEW,
+                     run_collect_serve_check_dtype="float32",
+                     run_collect_serve_check_env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert r.rc == 0, r.stdout.read()
+    check = json.loads((home / run / "serve_check.json").read_text())
+    tau = check["dflash_eval"]["tau"]
+    assert tau > 1.5 and check["vllm"]["tau"] == pytest.approx(tau, rel=0.02), check
+    report = (home / run / "report.html").read_text()
+    assert 'id="serve-check"' in report and f"{check['vllm']['tau']:.4g}" in report

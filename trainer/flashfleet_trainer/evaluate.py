@@ -127,6 +127,11 @@ def load_prompt_sets(paths, limit=None, tokenizer=None) -> dict:
     return sets
 
 
+def run_prompts_path(eval_prompts, data_dir) -> Path:
+    """A run's held-out prompts: its --eval-prompts, else <data-dir>/eval/prompts.jsonl."""
+    return Path(eval_prompts) if eval_prompts else Path(data_dir) / "eval" / "prompts.jsonl"
+
+
 def load_prompts(path, limit=None) -> list[list[int]]:
     """The first `limit` prompts of one file (its sets in order), token ids only."""
     out = []
@@ -318,7 +323,10 @@ def main(argv=None):
                                 "per prompt set. Prints one JSON line: tau_pooled (= tau: all committed tokens / all "
                                 "cycles), tau_prompt_mean (the mean of per-prompt tau, the published figure), "
                                 "accept_rate per block position, and the same per set under \"sets\".")
-    p.add_argument("--target-model", required=True)
+    p.add_argument("--run-config", default=None, metavar="RUN.json", help="a run's rendered configuration (what "
+                   "dflash-train --config reads): its target model and held-out prompts, where --target-model "
+                   "and --prompts are not given")
+    p.add_argument("--target-model", default=None)
     p.add_argument("--checkpoint", default=None, help="checkpoint dir (default: newest complete in --output-dir)")
     p.add_argument("--output-dir", default=None, help="a run directory; its newest complete checkpoint is used")
     p.add_argument("--drafter", default=None, metavar="DIR", help="a DFlash drafter directory (dflash-export's "
@@ -327,7 +335,7 @@ def main(argv=None):
     p.add_argument("--block-size", type=int, default=16, help="with --random-drafter")
     p.add_argument("--num-draft-layers", type=int, default=2, help="with --random-drafter")
     p.add_argument("--seed", type=int, default=0, help="the random drafter's init and the sampling generator")
-    p.add_argument("--prompts", required=True, nargs="+", metavar="JSONL", help="prompt set files: one JSON object "
+    p.add_argument("--prompts", default=None, nargs="+", metavar="JSONL", help="prompt set files: one JSON object "
                    "per line, {\"set\": NAME, \"input_ids\": [...]} or {\"set\": NAME, \"messages\": [...]} "
                    "(chat messages, rendered with the target's chat template); no \"set\": the file's stem")
     p.add_argument("--num-prompts", type=int, default=32, help="prompts per set (the first N)")
@@ -338,8 +346,16 @@ def main(argv=None):
     p.add_argument("--no-cache", action="store_true", help="re-run the whole sequence every cycle (the oracle the "
                    "cached evaluator is tested against; slower)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--prompts-out", default=None, metavar="FILE", help="also write the prompts evaluated, a JSON "
+                   "list of token id lists in set order (what vllm_serve_check asks vLLM)")
     a = p.parse_args(argv)
     try:
+        if a.run_config:
+            run = json.loads(Path(a.run_config).read_text())
+            a.target_model = a.target_model or run.get("target_model")
+            a.prompts = a.prompts or [str(run_prompts_path(run.get("eval_prompts"), run.get("data_dir", ".")))]
+        if not a.target_model or not a.prompts:
+            raise ValueError("--target-model and --prompts are needed (or --run-config RUN.json that names them)")
         sampling = Sampling(a.temperature, a.top_p)
         if a.num_prompts < 1 or a.max_new_tokens < 1:
             raise ValueError(f"--num-prompts {a.num_prompts} and --max-new-tokens {a.max_new_tokens} must be >= 1")
@@ -347,8 +363,9 @@ def main(argv=None):
     except PromptError as e:
         print(ConfigError(e.what, e.fix).line(), file=sys.stderr)
         return EX_CONFIG
-    except ValueError as e:
-        print(ConfigError(str(e), "give values in range (dflash-eval --help)").line(), file=sys.stderr)
+    except (ValueError, OSError) as e:
+        print(ConfigError(str(e), "give values in range and files that exist (dflash-eval --help)").line(),
+              file=sys.stderr)
         return EX_CONFIG
     if a.random_drafter:
         from transformers import AutoConfig
@@ -379,6 +396,8 @@ def main(argv=None):
     res = speculative_tau(producer, drafter, sets, drafter.config.block_size, a.max_new_tokens,
                           cache=not a.no_cache, sampling=sampling, seed=a.seed)
     res.pop("per_prompt")
+    if a.prompts_out:
+        Path(a.prompts_out).write_text(json.dumps([p for prompts in sets.values() for p in prompts]) + "\n")
     print(json.dumps(res))
     return 0
 

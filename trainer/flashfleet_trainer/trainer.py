@@ -36,7 +36,7 @@ from . import checkpoint as ckpt
 from . import wandb_compat
 from .config import ConfigError, NonFiniteLoss
 from .data import Blocks, build_blocks, load_data, pack_epoch, sample_anchors
-from .evaluate import load_prompt_sets, speculative_tau
+from .evaluate import load_prompt_sets, run_prompts_path, speculative_tau
 from .feed import Feed, InProcessFeed, wants_final_state
 from .loadwatch import LoadWatch
 from .loss import IGNORE, acceptance_proxy, drafter_loss, get_loss_fn
@@ -593,7 +593,7 @@ class Trainer:
         """tau on the held-out prompts (the first num_prompts of each set, default --eval-num-prompts):
         evaluate.speculative_tau's figures plus `eval` (final | interval) and `eval_s`, or None."""
         a = self.args
-        path = a.eval_prompts or (Path(a.data_dir) / "eval" / "prompts.jsonl")
+        path = run_prompts_path(a.eval_prompts, a.data_dir)
         n = a.eval_num_prompts if num_prompts is None else num_prompts
         if n <= 0 or not Path(path).is_file():
             return None

@@ -373,9 +373,14 @@ def main(argv=None):
         tcfg = AutoConfig.from_pretrained(a.target_model, local_files_only=True)
         text = text_config_of(tcfg)  # the language model's config (Qwen3.5/3.6 nest it)
         torch.manual_seed(a.seed)
+        try:
+            layer_ids = default_target_layers(text.num_hidden_layers, a.num_draft_layers)
+        except ValueError as e:
+            print(ConfigError(f"--num-draft-layers {a.num_draft_layers}: {e}", "fewer --num-draft-layers").line(),
+                  file=sys.stderr)
+            return EX_CONFIG
         cfg = DrafterConfig.from_target(tcfg, num_draft_layers=a.num_draft_layers, block_size=a.block_size,
-                                        target_layer_ids=default_target_layers(text.num_hidden_layers, a.num_draft_layers),
-                                        mask_token_id=default_mask_token_id(text.vocab_size))
+                                        target_layer_ids=layer_ids, mask_token_id=default_mask_token_id(text.vocab_size))
         drafter = DFlashDrafter(cfg).to(a.device)
     elif a.drafter:
         try:

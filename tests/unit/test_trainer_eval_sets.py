@@ -78,3 +78,22 @@ def test_dflash_eval_reports_tau_per_set(trainer_tiny, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{bad}:1" in err[0] and "(fix: " in err[0]
     assert eval_main([*argv, "--top-p", "0"]) == EX_CONFIG
+
+
+def test_dflash_eval_takes_a_runs_config_and_writes_its_prompts(trainer_tiny, tmp_path, capsys):
+    """--run-config RUN.json gives the target and the run's held-out prompts (as the trainer finds
+    them); --prompts-out writes what was evaluated; a target too shallow for the random drafter's
+    layers, or neither a target nor a run config, is one config-error line."""
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"target_model": str(trainer_tiny / "model"), "data_dir": str(trainer_tiny / "data")}))
+    out = tmp_path / "prompts.json"
+    argv = ["--run-config", str(run), "--random-drafter", "--block-size", "4", "--num-draft-layers", "1",
+            "--num-prompts", "2", "--max-new-tokens", "4", "--prompts-out", str(out)]
+    assert eval_main(argv) == 0
+    ids = [json.loads(x)["input_ids"] for x in (trainer_tiny / "data" / "eval" / "prompts.jsonl").read_text().splitlines()]
+    assert json.loads(out.read_text()) == ids[:2]
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prompts"] == 2
+    assert eval_main([*argv, "--num-draft-layers", "4"]) == EX_CONFIG
+    assert "too shallow for 4 draft layers" in capsys.readouterr().err
+    assert eval_main(argv[2:]) == EX_CONFIG
+    assert "--target-model and --prompts are needed" in capsys.readouterr().err

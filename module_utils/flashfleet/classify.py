@@ -51,7 +51,7 @@ VERDICTS = (
     "cgroup-oom-kill", "cuda-oom", "gpu-xid-<n>", "gpu-unavailable", "driver-mismatch",
     "driver-too-old", "toolchain-error", "nccl-timeout", "nccl-error", "watchdog-hang", "disk-full",
     "killed-by-signal", "peer-failure", "start-limit-hit", "start-timeout", "exec-failed", "nonfinite-loss",
-    "stopped", "unknown", *("server-oom", "server-kv-cache", "server-nccl", "server-not-ready", "server-died"),
+    "filesystem-error", "stopped", "unknown", *("server-oom", "server-kv-cache", "server-nccl", "server-not-ready", "server-died"),
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -90,6 +90,9 @@ ACTIONS = {
     "fix-venv": "re-sync the venv from the lock (provision: python_env role) and compare `venv` drift in "
                 "evidence.json; a binary built for another torch, CUDA or CPU must be rebuilt or replaced",
     "restage": "a staged file (model, dataset) is corrupt or truncated: stage it again (dataset role), then train.yml",
+    "check-filesystem": "the filesystem named failed under the run (I/O errors, the kernel aborted its journal or "
+                        "remounted it read-only): check the disk (dmesg, SMART), repair it (fsck / xfs_repair) and "
+                        "remount it read-write, or move the run's output elsewhere; then train.yml",
     "fix-server": "fix the vLLM server's settings as the reason says (the run's `vllm:` entry: its `args` such as "
                   "--gpu-memory-utilization and --max-model-len, or the GPUs and tensor-parallel size of its "
                   "`servers`), then train.yml",
@@ -109,7 +112,8 @@ VERDICT_ACTIONS = {
     "toolchain-error": "fix-toolchain", "nccl-timeout": "rerun", "nccl-error": "investigate",
     "watchdog-hang": "rerun", "disk-full": "free-disk", "killed-by-signal": "rerun",
     "peer-failure": "diagnose-peer", "start-limit-hit": "reset-failed", "start-timeout": "raise-timeout",
-    "exec-failed": "fix-config", "nonfinite-loss": "fix-config", "server-oom": "fix-server",
+    "exec-failed": "fix-config", "nonfinite-loss": "fix-config", "filesystem-error": "check-filesystem",
+    "server-oom": "fix-server",
     "server-kv-cache": "fix-server", "server-nccl": "investigate", "server-not-ready": "fix-server",
     "server-died": "check-target-server", "unknown": "investigate", "unreachable": "check-host",
     "no-evidence": "check-host",
@@ -183,6 +187,10 @@ EXEC_STEP_ACTIONS = {"EXEC": "fix-venv"}
 
 # Signals a process sends itself when it crashes; anything else came from outside.
 CRASH_SIGNALS = {4, 5, 6, 7, 8, 11, 31}
+# systemd counts these signals as a clean exit (systemd.service(5), SuccessExitStatus=): a unit they
+# end is not restarted by Restart=on-failure (nor on-abnormal/on-abort/on-watchdog), only by always.
+CLEAN_EXIT_SIGNALS = {1, 2, 13, 15}
+RESTARTS_ON_CLEAN_EXIT = {"always", "on-success"}
 SIGNAL_NAMES = {1: "HUP", 2: "INT", 3: "QUIT", 4: "ILL", 5: "TRAP", 6: "ABRT", 7: "BUS", 8: "FPE",
                 9: "KILL", 11: "SEGV", 13: "PIPE", 14: "ALRM", 15: "TERM", 31: "SYS"}
 SIGNAL_NUMBERS = {name: num for num, name in SIGNAL_NAMES.items()}
@@ -216,10 +224,13 @@ RE_RESULT = re.compile(r"Failed with result '(?P<result>[\w-]+)'")
 RE_START_LIMIT = re.compile(r"Start request repeated too quickly")
 RE_START_TIMEOUT = re.compile(r"\b(?P<op>start|start-pre|start-post) operation timed out\. Terminating", re.IGNORECASE)
 RE_EXEC_STEP = re.compile(r"Failed at step (?P<step>[A-Z_]+) spawning (?P<path>\S+?):? (?P<error>.+)$")
-RE_EXCEPTION = re.compile(
-    r"^(?P<name>(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning))(?::\s?(?P<text>.*))?$")
-RE_EXCEPTION_ANY = re.compile(
-    r"(?:^|\s)(?P<name>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt))(?::\s?(?P<text>.*))?$")
+# An exception line: a class named *Error/*Exception/*Exit/*Interrupt/*Warning, or any class with its
+# module path (`filelock.Timeout: ...`, `triton.runtime.errors.OutOfResources: ...`): many libraries'
+# exceptions end in neither; the module path keeps other `word: text` lines (`NVRM: ...`) out.
+_EXC_NAME = (r"(?:(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt{})"
+             r"|(?:[a-z_]\w*\.)+[A-Z]\w*(?=:))")
+RE_EXCEPTION = re.compile(r"^(?P<name>" + _EXC_NAME.format("|Warning") + r")(?::\s?(?P<text>.*))?$")
+RE_EXCEPTION_ANY = re.compile(r"(?:^|\s)(?P<name>" + _EXC_NAME.format("") + r")(?::\s?(?P<text>.*))?$")
 RE_TORCH_SHORT_WRITE = re.compile(r"inline_container\.cc.*unexpected pos|PytorchStreamWriter failed writing|file write failed")
 # Prefixes launchers put before each line of a rank's output: torchrun (`[rank3]: `,
 # `[default0]:`), srun --label (`10: `), some wrappers (`[80746] `).
@@ -262,6 +273,15 @@ HOST_SIGNATURES = (
      "the NVIDIA kernel module is not loaded or did not initialise the GPU"),
     ("gpu-unavailable", re.compile(r"Failed to initialize NVML: Unknown Error|No devices were found"), "fix-driver",
      "NVML cannot see the GPUs (module, device nodes or the GPUs themselves)"),
+    # cuInit's CUDA_ERROR_UNKNOWN: the host's driver state (nvidia_uvm not loaded, a driver upgraded
+    # without a reboot, after a suspend), not the run's CUDA_VISIBLE_DEVICES whatever torch's text suggests
+    ("gpu-unavailable", re.compile(r"CUDA unknown error - this may be due to an incorrectly set up environment"),
+     "fix-driver", "CUDA could not initialise the GPUs on this host (cuInit: unknown error; usually nvidia_uvm not "
+     "loaded or a driver upgraded without a reboot): reload the driver or reboot; not the run's configuration"),
+    ("gpu-unavailable", re.compile(r"CUDA-capable device\(s\) is/are busy or unavailable|all CUDA-capable devices are "
+                                   r"busy or unavailable|cudaErrorDevicesUnavailable"), "reset-gpu",
+     "the GPU is held by another process (compute mode Exclusive_Process: `nvidia-smi -q -d COMPUTE`) or stuck: "
+     "stop that process, or reset the GPU"),
     ("gpu-unavailable", re.compile(r"GPU requires reset|NVML_ERROR_RESET_REQUIRED"), "reset-gpu",
      "NVML says the GPU must be reset before it can be used again"),
     ("gpu-unavailable", re.compile(r"GPU is lost|Unable to determine the device handle for GPU ?[0-9A-Fa-f:.]*: Unknown Error"
@@ -275,6 +295,24 @@ HOST_SIGNATURES = (
      "ptxas does not know this GPU: the CUDA toolkit is too old for the architecture"),
     ("toolchain-error", re.compile(r"cannot find -lcuda"), "fix-toolchain",
      "Triton cannot link libcuda.so: the driver's libcuda.so link is missing from the linker path"),
+    # EROFS/EIO: the filesystem failed (or is read-only to the unit: ReadOnlyPaths=, ProtectSystem=)
+    ("filesystem-error", re.compile(r"Read-only file system|\[Errno 30\]|\[Errno 5\] Input/output error"),
+     "check-filesystem", "a write failed on a read-only or failing filesystem (EROFS/EIO): the kernel remounts a "
+     "filesystem read-only after I/O errors; or the path is read-only to the unit (ReadOnlyPaths=, ProtectSystem=)"),
+)
+
+# Kernel lines that explain a death without naming the GPU driver: a filesystem that failed under
+# the run, a GPU's PCIe link that failed (AER). Read in every kernel line of the window.
+KERNEL_SIGNATURES = (
+    ("filesystem-error", re.compile(
+        r"Remounting filesystem read-only|Aborting journal on device|Detected aborted journal|EXT4-fs error"
+        r"|XFS \(\S+\): .*(?:Shutting down filesystem|shut down due to|log I/O error|xfs_log_force: error)"
+        r"|Buffer I/O error on dev|blk_update_request: I/O error|I/O error, dev \w+, sector"), "check-filesystem",
+     "the kernel reports the filesystem failing under the run (I/O errors; journal aborted or remounted read-only)"),
+    ("gpu-unavailable", re.compile(r"nvidia [0-9a-fA-F:.]+: AER: |AER: .*Uncorrect\w* \(Fatal\)"
+                                   r"|PCIe Bus Error: severity=Uncorrect\w* \(Fatal\)"), "reboot-node",
+     "the PCIe link failed (AER: uncorrectable error, recovery failed): the GPU is gone until the node is "
+     "rebooted; reseat or RMA the GPU if it repeats"),
 )
 
 # Signatures in a crash's output that name a next step and an action.
@@ -298,7 +336,8 @@ HINTS = (
     (re.compile(r"illegal memory access|device-side assert triggered|Assertion `.*` failed"),
      "a kernel faulted on the GPU (application bug, e.g. an index out of range): re-run with "
      "CUDA_LAUNCH_BLOCKING=1 to find the op", "investigate"),
-    (re.compile(r"SafetensorError|HeaderTooLarge|PytorchStreamReader failed|failed finding central directory"),
+    (re.compile(r"SafetensorError|HeaderTooLarge|PytorchStreamReader failed|failed finding central directory"
+                r"|Parquet magic bytes not found"),
      "a model or checkpoint file is corrupt or truncated (or a Git LFS pointer): stage it again", "restage"),
     (RE_TORCH_SHORT_WRITE, "a checkpoint write came up short: check free space and the health of the output filesystem",
      "free-disk"),
@@ -308,9 +347,39 @@ HINTS = (
     (re.compile(r"No space left on device|\[Errno 28\]"),
      "free space on the output filesystem (or lower keep-last checkpoints), then restart; the unit resumes from the "
      "newest complete checkpoint", "free-disk"),
+    # What common library errors mean for a run: resource exhaustion in disguise, the unit's limits,
+    # the network at start-up, a launcher's usage error.
+    (re.compile(r"Cannot allocate memory|\[Errno 12\]|DefaultCPUAllocator: can't allocate|is killed by signal: "
+                r"Killed|exitcode\s*: -9\b|\(exitcode: -9\)|return code = -9\b|Signal 9 \(SIGKILL\)"),
+     "host memory ran out: a process of the run was refused memory or SIGKILLed (the kernel's OOM killer kills "
+     "DataLoader workers and ranks this way; its line may be gone from the kernel log): lower DataLoader workers, "
+     "prefetch or batch, or raise MemoryMax", "fix-config"),
+    (re.compile(r"can't start new thread|Thread creation failed|fork rejected by pids controller"),
+     "the unit's task limit is reached (TasksMax=, the cgroup's pids.max; `systemctl show -p TasksMax,TasksCurrent "
+     "UNIT`) or ulimit -u: raise TasksMax for the run's unit, or lower DataLoader workers and thread counts",
+     "fix-config"),
+    (re.compile(r"Too many open files|\[Errno 24\]|received 0 items of ancdata"),
+     "the open-file limit is reached (LimitNOFILE= of the unit, ulimit -n; torch's file_descriptor sharing of "
+     "DataLoader tensors uses one per tensor): raise LimitNOFILE, or lower DataLoader workers", "fix-config"),
+    (re.compile(r"Address already in use|errno: 98\b"),
+     "the rendezvous port is taken (another run or a leftover process on this host): give each run its own master "
+     "port, or stop the other process", "fix-config"),
+    (re.compile(r": error: (?:unrecognized arguments|the following arguments are required|argument )"),
+     "the program refused its command line (argparse): fix the arguments the unit passes", "fix-config"),
+    (re.compile(r"couldn't connect to 'https?://|LocalEntryNotFoundError|Couldn't reach |Max retries exceeded with url"
+                r"|Run initialization has timed out|wandb: Network error|client socket has timed out"
+                r"|failed to connect to|Temporary failure in name resolution|Name or service not known"),
+     "a server the run needs at start-up could not be reached (the Hugging Face hub, wandb, the rendezvous "
+     "master): check the host's network, proxy and DNS; stage models locally (HF_HUB_OFFLINE=1) and log wandb "
+     "offline where the host has no way out", "check-network"),
 )
 
 # /dev/shm running out: the DataLoader's workers or NCCL's shared-memory transport.
+# GPU memory exhausted, in torch's words and in its libraries': cuBLAS and cuDNN fail to create
+# their handle (ALLOC_FAILED, NOT_INITIALIZED) when the GPU has no memory left for it.
+RE_CUDA_OOM = re.compile(r"CUDA out of memory|torch\.(cuda\.)?OutOfMemoryError|Cuda failure '?out of memory"
+                         r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_NOT_INITIALIZED|CUDA error: out of memory")
+
 RE_SHM_FULL = re.compile(r"out of shared memory|Error while creating shared memory segment|"
                          r"unable to (?:write to|open) (?:shared memory|file </torch_\d+)|posix_fallocate failed")
 
@@ -344,6 +413,8 @@ RE_SEGFAULT = re.compile(r"(?P<comm>[^\s\[]+)\[(?P<pid>\d+)\]: segfault at (?P<a
                          r"(?: in (?P<lib>[^\[\s]+)\[)?")
 RE_TRAP = re.compile(r"traps: (?P<comm>[^\s\[]+)\[(?P<pid>\d+)\] (?P<what>trap [a-z ]+?|general protection(?: fault)?|"
                      r"divide error)(?= ip:| in |$)(?:.*? in (?P<lib>[^\[\s]+)\[)?")
+# A launcher's line for a rank that died of a signal (torchrun, deepspeed): a crash signal is a native crash.
+RE_CHILD_SIGNAL = re.compile(r"(?:exits with return code = |exitcode\s*: |\(exitcode: )-(?P<sig>\d+)\b")
 RE_DRIVER_LIB = re.compile(r"^lib(?:cuda|nvidia-|nvcuda|nvoptix)|^nvidia", re.IGNORECASE)
 # Exceptions that say the GPU, its driver or a collective failed: a host finding explains them.
 RE_GPUISH = re.compile(r"CUDA|cuda|NVML|nvml|NCCL|nccl|GPU|[Dd]river|libcuda|device", re.IGNORECASE)
@@ -617,8 +688,9 @@ def kernel_events(evidence: dict, start: float | None, end: float | None) -> tup
 
 def kernel_scan(evidence: dict, start: float | None, end: float | None) -> dict:
     """Everything of interest in the kernel log inside [start, end] (bounds widened a little): OOM
-    kills, every Xid (in order), the other NVRM findings (API mismatch, an adapter that did not
-    initialise) and user-space crash lines (segfault, trap) naming the faulting library."""
+    kills, every Xid (in order), the other host findings (`nvrm`: NVRM's API mismatch, an adapter that
+    did not initialise; KERNEL_SIGNATURES: a failing filesystem, a PCIe AER failure) and user-space
+    crash lines (segfault, trap) naming the faulting library."""
     kernel = evidence.get("kernel") or {}
     lo = start - KERNEL_BEFORE_START_S if start is not None else None
     hi = end + KERNEL_AFTER_EXIT_S if end is not None else None
@@ -669,9 +741,8 @@ def kernel_scan(evidence: dict, start: float | None, end: float | None) -> dict:
                              f"has {m.group('client_version')}, the kernel module {m.group('module_version')}: "
                              f"reboot (or reload the nvidia modules) so that module and libraries match"})
     for ts, text in texts:
-        if "NVRM" not in text and "nvidia" not in text.lower():
-            continue
-        for kind, rx, action, what in HOST_SIGNATURES:
+        nvidia = "NVRM" in text or "nvidia" in text.lower()
+        for kind, rx, action, what in (HOST_SIGNATURES if nvidia else ()) + KERNEL_SIGNATURES:
             if kind != "driver-mismatch" and rx.search(text):
                 nvrm.append({"kind": kind, "action": action, "ts": ts, "line": kline(ts, text), "what": what,
                              "source": "kernel", "text": text.strip()})
@@ -926,6 +997,12 @@ def native_crash(app, faults, facts, run_pids) -> dict | None:
         if m:
             found = {"index": i, "ts": ts, "message": f"process {m.group('pid')} ({m.group('comm')}) dumped core",
                      "what": "", "lines": [jline(ts, raw)]}
+            break
+        m = RE_CHILD_SIGNAL.search(line)
+        if m and int(m.group("sig")) in CRASH_SIGNALS:
+            sig = int(m.group("sig"))
+            found = {"index": i, "ts": ts, "message": f"a rank died of signal {sig}/{SIGNAL_NAMES[sig]} (its launcher: "
+                                                       f"{line.strip()[-160:]})", "what": "", "lines": [jline(ts, raw)]}
             break
     lib = None
     if found is not None:
@@ -1406,6 +1483,19 @@ def _grep(app, pattern: re.Pattern | str) -> tuple[float | None, str] | None:
     return hit
 
 
+# Words that make a line more specific about a failure than the lines around it.
+RE_SPECIFIC = re.compile(r"error|fail|fatal|exception|killed|abort|denied|timed out|unable|cannot|can't|refused"
+                         r"|not found|invalid", re.IGNORECASE)
+
+
+def _specific_lines(app, most: int = 3) -> list[tuple[float | None, str]]:
+    """The last lines of the output that say most about a failure no rule knows (else the last line)."""
+    said = [(ts, line) for ts, line in app if line.strip()]
+    specific = [(ts, line) for ts, line in said if RE_SPECIFIC.search(line)
+                and not strip_prefix(line).lstrip().startswith(("File ", "raise "))]
+    return (specific or said[-1:])[-most:]
+
+
 def _hint(text: str) -> str | None:
     return _hint_action(text)[0]
 
@@ -1552,7 +1642,7 @@ def _cause(evidence, run, unit, props, status, inv, facts, scan, app, kernel_rea
                        + [jline(ts, line) for ts, line in app[-2:] if line.strip()])
 
     # 4. Signatures in the trainer's own output that name the cause outright.
-    hit = _grep(app, r"CUDA out of memory|torch\.(cuda\.)?OutOfMemoryError|Cuda failure '?out of memory")
+    hit = _grep(app, RE_CUDA_OOM)
     if hit:
         return Finding("cuda-oom", f"GPU memory exhausted: {strip_prefix(hit[1]).strip()[:200]}", base + [jline(*hit)])
     disks = evidence.get("disk") or {}
@@ -1568,6 +1658,11 @@ def _cause(evidence, run, unit, props, status, inv, facts, scan, app, kernel_rea
         where = disk.get("path") + (f" -> {disk['realpath']}" if disk.get("realpath") else "")
         free = f"; {_size(disk['free_bytes'])} free now on {where}"
     saving = " during a checkpoint save" if _grep(app, r"checkpoint|\.tmp-step-|torch[\\/]serialization\.py") else ""
+    hit = _grep(app, r"Disk quota exceeded|\[Errno 122\]")
+    if hit:  # EDQUOT: the quota of the user or project ran out, not the filesystem
+        return Finding("disk-full", f"disk quota exceeded (EDQUOT){saving}: the quota of the run's user or project "
+                       f"is used up, not necessarily the filesystem (`quota -s`, `lfs quota`){free}; free space under "
+                       f"the quota or raise it: {strip_prefix(hit[1]).strip()[:200]}", base + [jline(*hit)])
     hit = _grep(app, r"No space left on device|\[Errno 28\]")
     if hit:
         return Finding("disk-full", f"No space left on device{saving}{free}", base + [jline(*hit)])
@@ -1680,6 +1775,13 @@ def _cause(evidence, run, unit, props, status, inv, facts, scan, app, kernel_rea
                 reason += ("; no OOM kill of the run in the kernel log" if not others else
                            f"; the kernel log's OOM kill(s) in the window name other processes ({', '.join(o.get('comm') or '?' for o in others)})")
         lines = base + [line for o in ooms for line in o["lines"]]
+        restart = props.get("Restart") or "on-failure"
+        if sig in CLEAN_EXIT_SIGNALS and restart not in RESTARTS_ON_CLEAN_EXIT:
+            reason += (f"; systemd counts SIG{SIGNAL_NAMES[sig]} as a clean exit, so Restart={restart} does not "
+                       "restart the unit: it stays down until started again")
+            return Finding("killed-by-signal", reason + host_note, lines,
+                           "find who sent the signal (no systemctl stop asked for it), then start the run again "
+                           "with train.yml: it resumes from the newest checkpoint", signal=sig)
         return Finding("killed-by-signal", reason + host_note, lines, signal=sig)
 
     if code in ("exited", "killed", "dumped") or facts["result"] not in (None, "success"):
@@ -1690,11 +1792,19 @@ def _cause(evidence, run, unit, props, status, inv, facts, scan, app, kernel_rea
                 hint, action = _hint_action(tail)
             reason = f"{exc_text[:600]} ({exit_desc}){xid_note}{host_note}"
         else:
-            hint, action = _hint_action(tail)
-            said = next(((ts, line) for ts, line in reversed(app) if hint and _hint_action(line)[0] == hint), None)
-            reason = (f"{exit_desc}, no traceback in the journal{xid_note}{host_note}"
-                      + (f"; the output says: {strip_prefix(said[1]).strip()[:240]}" if said else ""))
-            exc = {"lines": [jline(*said)]} if said else None
+            said = _grep(app, messages.ERROR_RE)  # the trainer's own one-line account comes first
+            hint, action = _hint_action(said[1] if said else tail)
+            said = said or next(((ts, line) for ts, line in reversed(app) if hint and _hint_action(line)[0] == hint),
+                                None)
+            if said:
+                reason = f"{exit_desc}; the output says: {strip_prefix(said[1]).strip()[:240]}{xid_note}{host_note}"
+                exc = {"lines": [jline(*said)]}
+            else:  # no rule knows it: the most specific lines, said to be unrecognised
+                specific = _specific_lines(app)
+                reason = (f"unrecognised failure: {' / '.join(strip_prefix(x[1]).strip()[:200] for x in specific)} "
+                          f"({exit_desc}){xid_note}{host_note}" if specific else
+                          f"{exit_desc}, no output from the trainer{xid_note}{host_note}")
+                exc = {"lines": [jline(*x) for x in specific]} if specific else None
         lines = base + (exc["lines"] if exc else []) + [x["line"] for x in app_xids]
         return Finding("crash", reason, _dedupe(lines, 20), hint, action=action or "investigate",
                        exception=exc.get("head") if exc else None)

@@ -48,6 +48,8 @@ UNIT_PROPERTIES = (
     "ExecMainCode", "ExecMainStatus", "ExecMainPID", "MainPID", "NRestarts", "InvocationID",
     "ExecMainStartTimestamp", "ExecMainExitTimestamp", "ActiveEnterTimestamp", "InactiveEnterTimestamp",
     "StateChangeTimestamp", "ControlGroup", "StatusText", "StatusErrno", "FragmentPath", "UnitFileState",
+    # the unit's limits beside its current counts: a thread that cannot start, a file that cannot open
+    "TasksMax", "TasksCurrent", "LimitNOFILE", "LimitNPROC",
 )
 
 JOURNAL_FIELDS = (
@@ -56,11 +58,17 @@ JOURNAL_FIELDS = (
     "JOB_TYPE", "JOB_RESULT", "N_RESTARTS",
 )
 
-# Kernel lines worth keeping: OOM kills, NVIDIA Xid, crashes of processes, filesystem trouble.
-KERNEL_INTEREST = re.compile(
-    r"oom-kill|Out of memory|oom_reaper|invoked oom-killer|NVRM|Xid|segfault|general protection|"
-    r"traps:|hung_task|blocked for more than|I/O error|EXT4-fs error|XFS .*error|No space left|"
-    r"Memory cgroup|Killed process|nvidia|GPU has fallen|Machine check|mce:", re.IGNORECASE)
+# Kernel lines worth keeping: the patterns of what explains a death, one kind a row.
+KERNEL_INTEREST_PATTERNS = (
+    r"oom-kill|Out of memory|oom_reaper|invoked oom-killer|Memory cgroup|Killed process|memory: usage",  # OOM
+    r"NVRM|Xid|nvidia|GPU has fallen|Machine check|mce:",  # the GPU driver, the CPU
+    r"segfault|general protection|traps:|hung_task|blocked for more than",  # processes that crashed or hung
+    # filesystems: I/O errors, journal aborts, read-only remounts, XFS shutdowns, a full disk
+    r"I/O error|EXT4-fs|XFS|Aborting journal|aborted journal|Remounting filesystem read-only|No space left",
+    r"pids controller|fork rejected",  # the cgroup's task limit (TasksMax)
+    r"AER:|PCIe Bus Error|pcieport",  # a PCIe link (a GPU's) that failed
+)
+KERNEL_INTEREST = re.compile("|".join(KERNEL_INTEREST_PATTERNS), re.IGNORECASE)
 
 RE_DMESG_ISO = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.](?P<frac>\d+))?(?P<tz>[+-]\d\d:?\d\d)?\s+(?P<msg>.*)$")
 RE_DMESG_MONO = re.compile(r"^(?:<(?P<prio>\d+)>)?\[\s*(?P<mono>\d+\.\d+)\]\s?(?P<msg>.*)$")

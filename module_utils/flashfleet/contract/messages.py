@@ -65,6 +65,7 @@ def also_went_first(msg: str, first: int, why: str) -> str:
 TARGET_SERVER = "vLLM target server"
 TARGET_SERVER_RE = re.compile(r"Error: " + re.escape(TARGET_SERVER) + r" (?P<url>https?://\S+)")
 CONFIG_ERROR_RE = re.compile(re.escape(CONFIG_ERROR_PREFIX) + r".*")
+ERROR_RE = re.compile(re.escape(ERROR_PREFIX) + r".*")  # error(): a failed run's own one-line account
 NONFINITE_RE = re.compile(re.escape(ERROR_PREFIX) + r"non-finite (loss|grad norm) \S+ at optimizer step (\d+): ")
 PEER_FAILURE_RE = re.compile(re.escape(ERROR_PREFIX) + r".*node \d+ went first: ")
 # A journal line that states why a start failed: the config error line, or the last line of a

@@ -2,7 +2,7 @@
 
 Modules, in reading order:
   config      the command line (every flag of the real run), --config JSON, ConfigError (exit 78)
-  data        Parquet loading, deterministic shuffling, packing by token budget, anchor sampling
+  data        Parquet loading (its column names), deterministic shuffling, packing by token budget, anchors
   model       the target's hidden-state producer and the DFlash drafter
   loss        the one loss entry point (fused kernel when present, plain torch otherwise), weights
   checkpoint  saving and loading atomic checkpoints (what "complete" means: flashfleet.contract)
@@ -17,6 +17,12 @@ Modules, in reading order:
   launch      check / plan / one process / a node;  cli  the console script
   evaluate    real acceptance length tau
   tiny        a tiny Qwen3 target and data set, so all of the above runs on a laptop CPU
+dflash-data, the training data from conversations (docs/data.md):
+  conversations   ShareGPT / OpenAI-messages records (JSONL, Parquet) as one shape
+  chat_template   the target's tokenizer and chat template: a conversation as ids and a loss mask
+  data_build      rows, length cap, duplicates, atomic shards, the summary (`build`)
+  data_regenerate the prompts answered by the target's vLLM server, the resumable ledger
+  data_cli        the `dflash-data` console script
 """
 
 __version__ = "0.1.0"

@@ -239,7 +239,10 @@ def regenerate(inputs, template: ChatTemplate, server: str, out, sampling: Sampl
     url = server.rstrip("/") + "/v1/completions"
 
     def ask(pid, msgs):
-        ids = template.prompt_ids(msgs)
+        try:
+            ids = template.prompt_ids(msgs)
+        except Exception as e:  # a template's own raise_exception (roles must alternate, ...)
+            return pid, msgs, None, None, f"the chat template refused it ({str(e).splitlines()[0][:80]})"
         room = (served["max_model_len"] or 1 << 62) - len(ids)
         if room < 1:
             return pid, msgs, ids, None, f"prompt of {len(ids)} tokens fills max_model_len {served['max_model_len']}"
@@ -271,6 +274,9 @@ def regenerate(inputs, template: ChatTemplate, server: str, out, sampling: Sampl
                     if choice is None:
                         skipped[pid] = why
                         continue
+                    if choice.get("token_ids") is None:
+                        raise ConfigError(f"--server {server} returns no token ids (return_token_ids)",
+                                          "serve the target with vLLM 0.10.2 or newer")
                     completion = list(choice["token_ids"])
                     if choice.get("prompt_token_ids") not in (None, ids):
                         raise ServerGoneError(f"server {server} answered another prompt than the one sent for {pid}")

@@ -17,6 +17,12 @@ Modules, in reading order:
   launch      check / plan / one process / a node;  cli  the console script
   evaluate    real acceptance length tau
   tiny        a tiny Qwen3 target and data set, so all of the above runs on a laptop CPU
+  export      dflash-export: a checkpoint as the DFlash directory vLLM, SGLang and z-lab load
+vLLM (docs/trainer.md, "The target in vLLM"; docs/export.md, "Serving"):
+  vllm_target       --target-servers: the target computed by vLLM servers, a feed over them, the probe
+  vllm_format       the hand-over file's keys and the layers a server extracts (standard library)
+  vllm_connector    the KV connector the servers load (runs in vLLM's venv)
+  vllm_serve_check  an export served by vLLM's own engine: its acceptance and outputs (vLLM's venv)
 dflash-data, the training data from conversations (docs/data.md):
   conversations   ShareGPT / OpenAI-messages records (JSONL, Parquet) as one shape
   chat_template   the target's tokenizer and chat template: a conversation as ids and a loss mask

@@ -51,7 +51,8 @@ VERDICTS = (
     "cgroup-oom-kill", "cuda-oom", "gpu-xid-<n>", "gpu-unavailable", "driver-mismatch",
     "driver-too-old", "toolchain-error", "nccl-timeout", "nccl-error", "watchdog-hang", "disk-full",
     "killed-by-signal", "peer-failure", "start-limit-hit", "start-timeout", "exec-failed", "nonfinite-loss",
-    "filesystem-error", "stopped", "unknown", *("server-oom", "server-kv-cache", "server-nccl", "server-not-ready", "server-died"),
+    "filesystem-error", "stopped", "unknown",
+    "server-oom", "server-kv-cache", "server-nccl", "server-not-ready", "server-died",
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -113,9 +114,9 @@ VERDICT_ACTIONS = {
     "watchdog-hang": "rerun", "disk-full": "free-disk", "killed-by-signal": "rerun",
     "peer-failure": "diagnose-peer", "start-limit-hit": "reset-failed", "start-timeout": "raise-timeout",
     "exec-failed": "fix-config", "nonfinite-loss": "fix-config", "filesystem-error": "check-filesystem",
-    "server-oom": "fix-server",
-    "server-kv-cache": "fix-server", "server-nccl": "investigate", "server-not-ready": "fix-server",
-    "server-died": "check-target-server", "unknown": "investigate", "unreachable": "check-host",
+    "server-oom": "fix-server", "server-kv-cache": "fix-server", "server-nccl": "investigate",
+    "server-not-ready": "fix-server", "server-died": "check-target-server", "unknown": "investigate",
+    "unreachable": "check-host",
     "no-evidence": "check-host",
 }
 
@@ -1181,6 +1182,7 @@ def _server_death(evidence: dict, server: dict) -> Finding | None:
             + (" (running again since)" if up else "")]
     base += [jline(ts, line) for ts, line in (
         (inv.exit_ts, inv.exit_line), (inv.exit_ts, inv.result_line), (None, inv.start_timeout_line)) if line]
+
     def finding(verdict, reason, lines, action=None):
         return Finding(verdict, reason, lines, NEXT_STEPS[verdict].replace("SERVER", name), action,
                        server=name, ended_at=end, up_again=up)
@@ -1248,6 +1250,7 @@ def with_servers(finding: Finding, evidence: dict, warnings: list[str]) -> Findi
     warnings.extend(f"vLLM server {'died (up again)' if d.extra['up_again'] else 'down'}: {d.verdict}: {d.reason}"
                     for d in dead)
     return finding
+
 
 def death_rows(evidence: dict) -> list[dict]:
     """One row per death record in the evidence (deaths.records): the verdict made at the time."""

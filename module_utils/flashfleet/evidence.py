@@ -362,8 +362,7 @@ def gather_journal(host, unit, lines):
 def gather_servers(host, run, lines):
     """The run's vLLM server units on the host (flashfleet-vllm@<run>-<i>, as systemd lists them,
     failed ones too): each one's record and journal, as the trainer unit's are gathered."""
-    rc, out, err = host.run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--full", "--no-pager",
-                             layout.vllm_unit_glob(run)])
+    rc, out, err = host.run(layout.vllm_list_units_argv(run))
     if rc != 0:
         return {"readable": False, "error": err or f"systemctl exit {rc}", "units": []}
     return {"readable": True, "error": None,
@@ -387,8 +386,11 @@ def gather_server_journal(host, unit, lines):
         _rc, out, _err = host.run(["journalctl", f"_SYSTEMD_INVOCATION_ID={failed[-1]}", "-o", "json", "--no-pager",
                                    "-q", "-n", str(lines), fields])
         manager += parse_journal_json(out, lines)
-    seen = {(e.get("__REALTIME_TIMESTAMP"), e.get("_PID"), str(e.get("MESSAGE"))) for e in journal["entries"]}
-    extra = [e for e in manager if (e.get("__REALTIME_TIMESTAMP"), e.get("_PID"), str(e.get("MESSAGE"))) not in seen]
+    def key(e):  # one entry, whichever query brought it
+        return e.get("__REALTIME_TIMESTAMP"), e.get("_PID"), str(e.get("MESSAGE"))
+
+    seen = {key(e) for e in journal["entries"]}
+    extra = [e for e in manager if key(e) not in seen]
     if extra:
         journal["entries"] = sorted(journal["entries"] + extra, key=lambda e: int(e.get("__REALTIME_TIMESTAMP") or 0))
     return journal

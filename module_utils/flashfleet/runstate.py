@@ -91,8 +91,7 @@ def unit(name: str, timeout: float = 5.0, run=_run) -> dict:
 def server_units(run_name: str, timeout: float = 5.0, run=_run) -> list[str]:
     """The run's vLLM server units loaded on the host (flashfleet-vllm@<run>-<i>, failed ones too;
     one stopped cleanly may be unloaded and is not listed)."""
-    rc, out, _err = run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--full", "--no-pager",
-                         layout.vllm_unit_glob(run_name)], timeout)
+    rc, out, _err = run(layout.vllm_list_units_argv(run_name), timeout)
     return layout.vllm_units_listed(run_name, out) if rc == 0 else []
 
 

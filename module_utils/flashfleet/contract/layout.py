@@ -54,6 +54,12 @@ def vllm_unit_glob(run: str) -> str:
     return VLLM_UNIT_TEMPLATE.replace("@", f"@{run}-*")
 
 
+def vllm_list_units_argv(run: str) -> list[str]:
+    """The command that lists the run's server units systemd has loaded (failed ones too), for
+    vllm_units_listed to read."""
+    return ["systemctl", "list-units", "--all", "--plain", "--no-legend", "--full", "--no-pager", vllm_unit_glob(run)]
+
+
 def vllm_unit_index(run: str, name: str) -> int | None:
     """i for the run's server unit flashfleet-vllm@<run>-<i>.service, else None."""
     prefix, suffix = VLLM_UNIT_TEMPLATE.split("@")
@@ -62,7 +68,7 @@ def vllm_unit_index(run: str, name: str) -> int | None:
 
 
 def vllm_units_listed(run: str, list_units: str) -> list[str]:
-    """The run's server units in `systemctl list-units --plain --no-legend --full` output, in order."""
+    """The run's server units in vllm_list_units_argv's output, in order."""
     names = {word for line in list_units.splitlines() for word in line.split()[:2]}  # a failed one may lead with ●
     return sorted((n for n in names if vllm_unit_index(run, n) is not None), key=lambda n: vllm_unit_index(run, n))
 

@@ -34,3 +34,76 @@ def test_interval_evaluations_land_in_metrics(trainer_argv, tmp_path, capsys, mo
 def test_eval_interval_range_is_checked(trainer_argv, capsys):
     assert train_main(trainer_argv("--eval-interval", "-1", "--check")) == EX_CONFIG
     assert "--eval-interval -1: must be >= 0" in capsys.readouterr().err
+
+
+def test_interval_evaluations_of_a_multi_process_run(trainer_argv, tmp_path, capfd):
+    """One target worker feeding two gloo drafter ranks (the incident's layout, small): the interval
+    evaluations run in the worker, with each step's weights, while the ranks train on, and land in
+    rank 0's metrics.jsonl before the final one. Budget left at its default: the first evaluation
+    always runs (nothing spent yet), and a worker's is counted at its share of the target time."""
+    out = tmp_path / "run"
+    argv = trainer_argv("--max-steps", "6", "--eval-interval", "2", "--eval-interval-prompts", "1",
+                        "--eval-max-new-tokens", "4", "--save-interval", "100", "--target-gpus", "cpu",
+                        "--drafter-gpus", "cpu,cpu", out=out)
+    argv[argv.index("--eval-num-prompts") + 1] = "1"
+    assert train_main(argv) == 0
+    recs = contract.read(out / "metrics.jsonl")
+    evals = [r for r in recs if not contract.is_step(r)]
+    assert evals and evals[0]["step"] == 2 and evals[-1]["eval"] == "final" and evals[-1]["step"] == 6
+    interval = [r for r in evals if r["eval"] == "interval"]
+    assert interval and all(r["step"] in (2, 4) for r in interval)
+    for r in interval:
+        assert set(contract.EVAL_KEYS) <= set(r)
+        assert r[contract.TAU] == r["tokens"] / r["cycles"] and r["prompts"] == 1 and r["eval_s"] > 0
+        assert r[contract.TRAIN_TAU] is not None  # the guard's window: training steps before it
+    assert [r["step"] for r in recs if contract.is_step(r)] == [1, 2, 3, 4, 5, 6]
+    assert "interval evaluation at step 2: tau_pooled" in capfd.readouterr().out  # rank 0's process
+
+
+class _ServedElsewhere:
+    """The in-process feed seen as a rank sees vLLM's (vllm_target.VllmFeed): features arrive, but
+    no replica is in this process to evaluate with, and no worker to hand an evaluation to."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def start(self, data, upcoming):
+        self.inner.start(data, upcoming)
+
+    def get(self, key, idx):
+        return self.inner.get(key, idx)
+
+    def close(self, wait=True):
+        self.inner.close(wait)
+
+
+def test_a_rank_fed_by_servers_borrows_a_replica_for_each_interval_evaluation(trainer_argv, tmp_path, capsys):
+    """With the target in vLLM the rank borrows a replica onto its own device for each interval
+    evaluation, as the final evaluation does, and lets it go after (mid-run the drafter's device
+    holds only what --check counted)."""
+    from flashfleet_trainer.config import parse_args
+    from flashfleet_trainer.feed import InProcessFeed
+    from flashfleet_trainer.preflight import preflight
+    from flashfleet_trainer.trainer import run_rank
+
+    out = tmp_path / "run"
+    args = parse_args(trainer_argv("--max-steps", "4", "--eval-interval", "2", "--eval-interval-prompts", "1",
+                                   "--eval-max-new-tokens", "4", "--save-interval", "100", out=out))
+    plan = preflight(args)
+    out.mkdir()
+    producers = []
+    orig = Trainer.interval_eval
+
+    def watch(self, *a):
+        orig(self, *a)
+        producers.append(self.producer)
+
+    Trainer.interval_eval = watch
+    try:
+        feed = _ServedElsewhere(InProcessFeed(args, plan, "cpu", lambda s: None))
+        assert run_rank(args, plan, log=print, feed=feed) == "completed"
+    finally:
+        Trainer.interval_eval = orig
+    evals = [r for r in contract.read(out / "metrics.jsonl") if not contract.is_step(r)]
+    assert [(r["step"], r["eval"]) for r in evals] == [(2, "interval")]
+    assert producers == [None]  # released after the evaluation

@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--eval-max-new-tokens", type=int, default=64, help="tokens generated per evaluation prompt (>= 1)")
     e.add_argument("--eval-interval", type=int, default=500, help="also measure tau every N optimizer steps on the "
                    "first --eval-interval-prompts held-out prompts (per set), into metrics.jsonl and wandb (>= 0; "
-                   "0 = at the end only; needs the target in this process; docs/trainer.md gives its cost)")
+                   "0 = at the end only; in every layout: a target worker evaluates for the drafter ranks, with vLLM servers "
+                   "rank 0 borrows a replica; docs/trainer.md gives its cost)")
     e.add_argument("--eval-interval-prompts", type=int, default=8, help="prompts per set of each interval evaluation (>= 1)")
     e.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy (default); > 0: the evaluations "
                    "sample at this temperature (speculative sampling; >= 0); on a weak target, whose greedy "

@@ -76,9 +76,30 @@ def wants_final_state(args) -> bool:
     return args.use_soft_labels and args.kl_weight > 0
 
 
-def answer(producer, device, request, want_last, by_drafter):
+@dataclass
+class EvalRequest:
+    """An interval evaluation a drafter rank hands to whichever replica takes it off the node's
+    request queue (trainer.Trainer.interval_eval): the drafter's config and a copy of its weights
+    after `step` (CPU: shared memory; CUDA: IPC handles, which the sender keeps alive until the
+    answer is back). Its answer on the sender's reply queue is (EVAL, step, record)."""
+
+    drafter: int  # the local rank that asked
+    step: int
+    config: dict  # DrafterConfig.to_dict()
+    weights: dict  # the drafter's state dict
+
+
+EVAL = "eval"  # an answer's first field when it is an evaluation's record, not a micro-batch's features
+
+
+def answer(producer, device, request, want_last, by_drafter, args=None):
     """One request (drafter, key, ids, lengths) served by `producer` on `device`: (drafter, reply),
-    the reply in QueueFeed's format, its seconds those of the target alone."""
+    the reply in QueueFeed's format, its seconds those of the target alone. An EvalRequest is
+    evaluated on this replica instead (needs the run's `args`): (drafter, (EVAL, step, record))."""
+    if isinstance(request, EvalRequest):
+        from .trainer import worker_eval
+
+        return request.drafter, (EVAL, request.step, worker_eval(args, producer, device, request))
     drafter, key, ids, lengths = request
     t0 = time.perf_counter()
     feats, last = producer.forward_batch(ids, lengths, want_last=want_last)
@@ -125,8 +146,11 @@ class QueueFeed(Feed):
 
     POLL_S = 0.05  # with a replica of its own and no request left to serve: how long to wait for an answer
 
-    def __init__(self, requests, replies, local_rank, depth, device, local=None, all_replies=None, want_last=True):
+    def __init__(self, requests, replies, local_rank, depth, device, local=None, all_replies=None, want_last=True,
+                 args=None):
         self.requests, self.replies, self.local_rank = requests, replies, local_rank
+        self.args = args  # the run's flags: a replica of its own may take another rank's EvalRequest
+        self.evals = []  # (step, record) of evaluations a replica finished for this rank, not yet taken
         self.depth, self.device = depth, device
         self.local, self.all_replies, self.want_last = local, all_replies, want_last
         self.ready, self.outstanding = {}, 0  # replies that came before they were asked for; requests in flight
@@ -148,18 +172,7 @@ class QueueFeed(Feed):
         t0, serve_s = time.perf_counter(), 0.0
         occupancy = min(1.0, (len(self.ready) + self.replies.qsize()) / self.depth)
         while key not in self.ready:  # faster targets answer out of order
-            try:  # with a replica: an answer already back, else work (without waiting), else a short wait
-                reply = self.replies.get(block=self.local is None)
-            except queue.Empty:
-                served = self._serve_one()
-                serve_s += served
-                if served:
-                    continue
-                try:
-                    reply = self.replies.get(timeout=self.POLL_S)
-                except queue.Empty:
-                    continue
-            self.ready[reply[0]] = reply[1:]
+            serve_s += self._await_one()
         feats, last, lengths, busy, by_drafter = self.ready.pop(key)
         self.outstanding -= 1
         self._fill()
@@ -169,6 +182,45 @@ class QueueFeed(Feed):
             torch.cuda.synchronize(self.device)
         return Features(feats, last, lengths, busy, time.perf_counter() - t0, occupancy, serve_s, by_drafter)
 
+    def _await_one(self) -> float:
+        """Take one answer off this rank's queue, or (with a replica, while none is back) serve the
+        node's next request, or wait a moment. Returns the seconds spent serving."""
+        try:  # with a replica: an answer already back, else work (without waiting), else a short wait
+            reply = self.replies.get(block=self.local is None)
+        except queue.Empty:
+            served = self._serve_one()
+            if served:
+                return served
+            try:
+                reply = self.replies.get(timeout=self.POLL_S)
+            except queue.Empty:
+                return 0.0
+        self._keep(reply)
+        return 0.0
+
+    def _keep(self, reply):
+        if reply[0] == EVAL:
+            self.evals.append(reply[1:])
+        else:
+            self.ready[reply[0]] = reply[1:]
+
+    def submit_eval(self, step, weights, config):
+        """Hand an interval evaluation of these weights (after `step`) to the node's replicas."""
+        self.requests.put(EvalRequest(self.local_rank, step, config, weights))
+
+    def eval_results(self, wait=False) -> list:
+        """The (step, record) of evaluations finished for this rank since the last call; wait: block
+        until there is one. Answers of micro-batches read on the way are kept for get()."""
+        while True:
+            try:
+                self._keep(self.replies.get(block=wait and not self.evals))
+            except queue.Empty:
+                break
+            if wait and self.evals:
+                break
+        got, self.evals = self.evals, []
+        return got
+
     def _serve_one(self) -> float:
         """Take the node's next request, if any, and answer it with this rank's replica: its own into
         `ready`, another rank's on that rank's reply queue. Returns the seconds it took (0: none)."""
@@ -177,13 +229,19 @@ class QueueFeed(Feed):
         except queue.Empty:
             return 0.0  # every request is with a target worker (or about to be): its answer is coming
         _sync([self.device])  # this rank's queued work first, so the serve's seconds are the target's alone
-        drafter, reply = answer(self.local, self.device, request, self.want_last, by_drafter=True)
+        drafter, reply = answer(self.local, self.device, request, self.want_last, by_drafter=True, args=self.args)
         self.served += 1
         if drafter == self.local_rank:
-            self.ready[reply[0]] = reply[1:]
+            self._keep(reply)
         else:
             self.all_replies[drafter].put(reply)
-        return reply[4]  # the target's seconds
+        return reply[2]["eval_s"] if reply[0] == EVAL else reply[4]  # the target's seconds
 
     def close(self, wait=True):
-        pass
+        """Done training (wait): take the answers to the requests still outstanding, so none is left
+        on the node's queue once this process is gone (a request's tensors live in this process's
+        shared memory: a worker that took one after it left could not read it; the Trainer then
+        waits for the other ranks, whose replicas may have served some of these answers from
+        theirs). Failed: nothing."""
+        while wait and len(self.ready) < self.outstanding:
+            self._await_one()

@@ -123,7 +123,8 @@ def load_target(index, name, device, args, layer_ids, events):
 
 
 def target_worker(index, device, args, layer_ids, requests, replies, events, n_procs):
-    """Serve hidden states for requests (drafter, key, ids, lengths) until a None arrives."""
+    """Serve hidden states for requests (drafter, key, ids, lengths), and interval evaluations for
+    feed.EvalRequest's, until a None arrives."""
     _die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # leave when told, after the drafters saved
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -139,9 +140,9 @@ def target_worker(index, device, args, layer_ids, requests, replies, events, n_p
         req = requests.get()
         if req is None:
             return
-        drafter, reply = answer(producer, device, req, want_last, by_drafter=False)
+        drafter, reply = answer(producer, device, req, want_last, by_drafter=False, args=args)
         replies[drafter].put(reply)
-        del reply
+        del reply, req  # an evaluation's weights (CUDA: the sender's memory) are let go at once
 
 
 # ---- drafter rank ----------------------------------------------------------------------------
@@ -175,7 +176,7 @@ def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, req
                                 plan.layer_ids, events)
         feed = None if args.target_servers else QueueFeed(  # None: the Trainer asks the vLLM servers itself
             requests, replies[local_rank], local_rank, depth, device, local=local, all_replies=replies,
-            want_last=wants_final_state(args))
+            want_last=wants_final_state(args), args=args)
         r = Rank(rank=rank, world=world, local_rank=local_rank, n_targets=n_targets,
                  notifier=QueueNotifier(events) if local_rank == 0 else Notifier.null(), stop_event=stop_event,
                  main_pid=main_pid)

@@ -207,6 +207,37 @@ def shift_labels_late(blocks) -> torch.Tensor:
     return out
 
 
+# ---- evaluation, wherever the replica is -----------------------------------------------------
+
+def eval_wanted(args, n) -> bool:
+    """Whether an evaluation of n prompts per set has prompts to run."""
+    return n > 0 and Path(run_prompts_path(args.eval_prompts, args.data_dir)).is_file()
+
+
+def evaluate_drafter(args, producer, drafter, n, kind) -> dict:
+    """tau of `drafter` against the replica `producer` on the first n held-out prompts of each set:
+    evaluate.speculative_tau's figures (without per_prompt), `eval` = kind and `eval_s`. Run by a
+    drafter rank, or by a target worker for one (topology.target_worker)."""
+    t0 = time.perf_counter()
+    sets = load_prompt_sets(run_prompts_path(args.eval_prompts, args.data_dir), n)
+    res = speculative_tau(producer, drafter, sets if len(sets) > 1 else next(iter(sets.values())),
+                          args.block_size, args.eval_max_new_tokens,
+                          sampling=Sampling(getattr(args, "eval_temperature", 0.0)), seed=args.seed)
+    res.pop("per_prompt")
+    return {**res, "eval": kind, "eval_s": time.perf_counter() - t0}
+
+
+def worker_eval(args, producer, device, request) -> dict:
+    """A target worker's side of feed.EvalRequest: the drafter rebuilt on the worker's device from
+    the request's config and weights (copied off the sender's memory at once), evaluated on this
+    worker's replica with the interval evaluation's prompts."""
+    drafter = DFlashDrafter(DrafterConfig.from_dict(request.config)).to(device)
+    drafter.load_state_dict(request.weights)
+    res = evaluate_drafter(args, producer, drafter, args.eval_interval_prompts, "interval")
+    del drafter
+    return res
+
+
 # ---- one drafter rank ------------------------------------------------------------------------
 
 @dataclass
@@ -256,7 +287,8 @@ class Trainer:
         self.upcoming = None  # iterator over the global sequence from the current position
         self.ahead = collections.deque()  # items taken from `upcoming` to look ahead, not yet trained on
         self.prepared = None  # the host work of this rank's next micro-batch, done ahead (Prepared)
-        self.eval_spent_s = 0.0  # wall time of this process's interval evaluations
+        self.eval_spent_s = 0.0  # what interval evaluations have cost the training so far (seconds; interval_eval)
+        self.eval_pending = None  # (step, weights, recent) of the interval evaluation a target worker runs
         self.recent = []  # (accept_proxy, acc at position 1) of the newest training steps (the guard's window)
         self._last_read = 0.0  # perf_counter of the newest read_step
 
@@ -593,37 +625,73 @@ class Trainer:
         """tau on the held-out prompts (the first num_prompts of each set, default --eval-num-prompts):
         evaluate.speculative_tau's figures plus `eval` (final | interval) and `eval_s`, or None."""
         a = self.args
-        path = run_prompts_path(a.eval_prompts, a.data_dir)
         n = a.eval_num_prompts if num_prompts is None else num_prompts
-        if n <= 0 or not Path(path).is_file():
+        if not eval_wanted(a, n):
             return None
         if self.producer is None:  # a drafter rank without a target of its own borrows one for evaluation
             self.producer = HiddenStateProducer(a.target_model, [self.dev], self.plan.layer_ids, self.dev)
-        t0 = time.perf_counter()
-        sets = load_prompt_sets(path, n)
-        res = speculative_tau(self.producer, self.drafter, sets if len(sets) > 1 else next(iter(sets.values())),
-                              a.block_size, a.eval_max_new_tokens,
-                              sampling=Sampling(getattr(a, "eval_temperature", 0.0)), seed=a.seed)
-        res.pop("per_prompt")
-        return {**res, "eval": kind, "eval_s": time.perf_counter() - t0}
+        return evaluate_drafter(a, self.producer, self.drafter, n, kind)
 
     EVAL_BUDGET = 0.05  # interval evaluations may use at most this share of the training's wall time
+    # Where target workers feed this rank (feed.QueueFeed without a replica of its own), an interval
+    # evaluation runs in a worker, on that worker's replica, with the weights of its step
+    # (feed.EvalRequest). False: the drafter ranks keep training meanwhile and the record comes
+    # when the worker is done; True: rank 0 waits for it (the other ranks in the next all-reduce).
+    # docs/trainer.md gives the measurement that chose False.
+    EVAL_WAITS = False
 
     def interval_eval(self, metrics, wandb_run, elapsed_s):
         """An --eval-interval evaluation, unless evaluations so far have used EVAL_BUDGET of the wall
         time (then it waits for a later interval: an untrained drafter's evaluation is the slowest,
-        tau ~1 means one cycle per token). In-process target only: borrowing a whole target onto a
-        drafter GPU mid-run could run it out of memory (the final evaluation still borrows one)."""
-        if self.producer is None:
-            return
+        tau ~1 means one cycle per token). Which replica: the one in this process (in-process
+        target, --drafter-serves-target); else a target worker's (`feed.submit_eval`: the worker
+        evaluates a copy of this step's weights); else (vLLM servers) one borrowed onto this rank's
+        device for the evaluation and released after it, as the final evaluation borrows one."""
         if self.eval_spent_s > self.EVAL_BUDGET * elapsed_s:
             self.log(f"interval evaluation at step {self.step} deferred: evaluations used "
                      f"{self.eval_spent_s:.0f} s of {elapsed_s:.0f} s (budget {self.EVAL_BUDGET:.0%})")
             return
-        res = self.evaluate(self.args.eval_interval_prompts, "interval")
+        a = self.args
+        if not eval_wanted(a, a.eval_interval_prompts):
+            return
+        if self.producer is None and hasattr(self.feed, "submit_eval"):
+            if self.eval_pending is not None:
+                self.log(f"interval evaluation at step {self.step} skipped: the one of step "
+                         f"{self.eval_pending[0]} is still running")
+                return
+            weights = {k: v.detach().clone() for k, v in self.drafter.state_dict().items()}
+            self.eval_pending = (self.step, weights, list(self.recent))  # kept alive until its answer
+            self.feed.submit_eval(self.step, weights, self.dcfg.to_dict())
+            if self.EVAL_WAITS:
+                self.collect_evals(metrics, wandb_run, wait=True)
+            return
+        borrowed = self.producer is None
+        res = self.evaluate(a.eval_interval_prompts, "interval")
+        if borrowed:  # released: mid-run, the drafter's device holds only what --check counted
+            self.producer = None
+            if self.dev.startswith("cuda"):
+                torch.cuda.empty_cache()
         if res is not None:
             self.eval_spent_s += res["eval_s"]
             self.log_eval(res, metrics, wandb_run)
+
+    def collect_evals(self, metrics, wandb_run, wait=False):
+        """Log the interval evaluation a target worker has finished (wait: until it has). Its record
+        carries the step it evaluated; W&B gets it at this step (W&B steps only increase). What it
+        counts against the budget: its seconds over the run's target replicas, the share of the
+        targets' time it took from training (the drafters kept training meanwhile)."""
+        if self.eval_pending is None:
+            return
+        got = self.feed.eval_results(wait)
+        if not got:
+            return
+        step, res = got[-1]
+        pending_step, _weights, recent = self.eval_pending
+        self.eval_pending = None
+        if step != pending_step:
+            raise RuntimeError(f"interval evaluation of step {step} came back, step {pending_step} was asked for")
+        self.eval_spent_s += res["eval_s"] / (1 if self.EVAL_WAITS else max(1, self.r.n_targets))
+        self.log_eval(res, metrics, wandb_run, step=step, recent=recent)
 
     # The guard against "training accuracy high, tau about 1" (SpecForge #455). Over the newest
     # TAU_GAP_WINDOW training steps the first draft position was right acc1 of the time; served, it
@@ -636,25 +704,30 @@ class Trainer:
     # position early (shift_labels_late), the misalignment the guard above exists to catch.
     LABEL_SHIFT = 0
 
-    def tau_gap(self, res) -> dict:
-        """The guard's figures for an evaluation record (contract.TRAIN_TAU, TRAIN_ACC1, TAU_GAP_WARNING)."""
-        if not self.recent:
+    def tau_gap(self, res, step=None, recent=None) -> dict:
+        """The guard's figures for an evaluation record (contract.TRAIN_TAU, TRAIN_ACC1, TAU_GAP_WARNING)
+        of the weights after `step` (default: now), against the training steps before it (`recent`)."""
+        step = self.step if step is None else step
+        recent = self.recent if recent is None else recent
+        if not recent:
             return {contract.TRAIN_TAU: None, contract.TRAIN_ACC1: None, contract.TAU_GAP_WARNING: None}
-        train_tau = 1 + sum(p for p, _ in self.recent) / len(self.recent)
-        acc1 = sum(a for _, a in self.recent) / len(self.recent)
+        train_tau = 1 + sum(p for p, _ in recent) / len(recent)
+        acc1 = sum(a for _, a in recent) / len(recent)
         served = res["accept_rate"][0] if res["accept_rate"] else None
         warn = (served is not None and acc1 >= self.TAU_GAP_MIN_ACC and served < self.TAU_GAP_RATIO * acc1)
         return {contract.TRAIN_TAU: train_tau, contract.TRAIN_ACC1: acc1, contract.TAU_GAP_WARNING:
-                messages.tau_gap(self.step, res["tau_pooled"], train_tau, acc1, served) if warn else None}
+                messages.tau_gap(step, res["tau_pooled"], train_tau, acc1, served) if warn else None}
 
-    def log_eval(self, res, metrics, wandb_run):
-        res = {**res, **self.tau_gap(res)}
+    def log_eval(self, res, metrics, wandb_run, step=None, recent=None):
+        """An evaluation of the weights after `step` (default: now): metrics.jsonl, W&B (at this step), the log."""
+        step = self.step if step is None else step
+        res = {**res, **self.tau_gap(res, step, recent)}
         warning = res[contract.TAU_GAP_WARNING]
-        metrics.write({"step": self.step, **res})
-        wandb_run.log({"tau_pooled": res["tau_pooled"], "tau_prompt_mean": res["tau_prompt_mean"],
+        metrics.write({"step": step, **res})
+        wandb_run.log({"tau_pooled": res["tau_pooled"], "tau_prompt_mean": res["tau_prompt_mean"], "eval_step": step,
                        **{f"accept_rate/pos{k + 1}": r for k, r in enumerate(res["accept_rate"]) if r is not None}},
                       self.step)
-        self.log(f"{res['eval']} evaluation at step {self.step}: tau_pooled {res['tau_pooled']:.3f}, "
+        self.log(f"{res['eval']} evaluation at step {step}: tau_pooled {res['tau_pooled']:.3f}, "
                  f"tau_prompt_mean {res['tau_prompt_mean']:.3f} over {res['prompts']} prompts "
                  f"(block {self.args.block_size}, {res['cycles']} cycles, {res['eval_s']:.1f} s)")
         if warning:
@@ -721,6 +794,8 @@ class Trainer:
                          f"drafter {rec['drafter_rows_per_s']:.0f} rows/s idle t/d "
                          f"{rec['target_idle_frac']:.2f}/{rec['drafter_idle_frac']:.2f}")
             # (may_follow kept the next step from being queued here: these see the weights after n)
+            if main:  # a target worker's interval evaluation, if it is done
+                self.collect_evals(metrics, wandb_run)
             if main and a.eval_interval and n % a.eval_interval == 0 and n < self.total_steps:
                 self.interval_eval(metrics, wandb_run, time.perf_counter() - t_train)
             if on_step is not None:
@@ -734,7 +809,16 @@ class Trainer:
             self.status.update(phase="training", step=n, epoch=self.epoch)
         if main and (self.step > last_saved or (self.step > 0 and ckpt.newest_complete(self.ckpt_root) is None)):
             self.save()
-        self.feed.close()
+        if main and self.eval_pending is not None:
+            # Its record before the final one's; and on a stop too: the request on the node's queue
+            # refers to this process's copy of the weights, which must outlive the worker's read.
+            self.log(f"waiting for the interval evaluation of step {self.eval_pending[0]}")
+            self.collect_evals(metrics, wandb_run, wait=True)
+        self.feed.close()  # (a queue feed takes the answers still outstanding: feed.QueueFeed.close)
+        if self.r.world > 1:  # and no rank leaves before all have: an answer may live in another rank's memory
+            import torch.distributed as dist
+
+            dist.barrier()
         if self.stop_requested:
             return "stopped"
         res = self.evaluate() if main else None

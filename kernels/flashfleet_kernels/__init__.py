@@ -39,6 +39,9 @@ def fused_linear_distill_loss(
     row_group: int = 1,
     chunk_size: int | None = None,
     teacher_fp8: bool | None = None,
+    skip_tiles: bool | None = None,
+    skip_mass: float | None = None,
+    skip_report: dict | None = None,
 ):
     """Per-row-weighted ``(1 - a) * CE + a * T^2 * KL(teacher || student)`` over ``z = h W^T``.
 
@@ -67,6 +70,10 @@ def fused_linear_distill_loss(
         chunk_size: rows per chunk for the Triton path (default: fits a 768 MiB workspace).
         teacher_fp8: Triton path only: the teacher logits from an FP8 GEMM with row-wise scales
             (the head quantized once and cached; off by default, see ``distill_loss.TEACHER_FP8``).
+        skip_tiles, skip_mass, skip_report: Triton path only: leave (row block, vocabulary tile)
+            pairs whose share of each row's gradient wrt the logits is within ``skip_mass`` out of
+            the gradient GEMM, and report what was left out (off by default, see
+            ``distill_loss.SKIP_TILES``). The torch reference always computes the whole gradient.
 
     Returns:
         The scalar fp32 loss, or ``(loss, row_ce, row_argmax_correct)`` with ``return_row_stats``.
@@ -85,5 +92,6 @@ def fused_linear_distill_loss(
             raise RuntimeError("impl='triton' but triton is not importable")
         return triton_fused_linear_distill_loss(
             student_hidden, teacher_hidden, lm_head_weight, labels, row_weights,
-            chunk_size=chunk_size, teacher_fp8=teacher_fp8, **kwargs)
+            chunk_size=chunk_size, teacher_fp8=teacher_fp8, skip_tiles=skip_tiles, skip_mass=skip_mass,
+            skip_report=skip_report, **kwargs)
     raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")

@@ -27,6 +27,7 @@ scaled so that the teacher is peaked (mean top-1 probability 0.5 at T=1; see :fu
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -36,11 +37,23 @@ import torch
 GiB = 1024**3
 
 
-def make_inputs(n: int, v: int, d: int, dtype=torch.bfloat16, seed: int = 0, device="cuda"):
+def make_inputs(n: int, v: int, d: int, dtype=torch.bfloat16, seed: int = 0, device="cuda", data: str = "flat"):
+    """Random inputs. ``data="flat"`` (the default): hidden states and head rows Gaussian, so the
+    logits are Gaussian with std ~2.2 and both softmaxes are flat. ``data="prior"``: the same plus a
+    token-frequency prior shared by all rows, ``-3 log(1 + v / 16)`` on the logit of token ``v``
+    (rarer tokens at higher ids, as in a BPE vocabulary), carried by one hidden-state coordinate set
+    to 1 and the head's column for it; its teacher's mean top-1 probability at T=1 is ~0.45. Which
+    share of the gradient is negligible, and so what tile skipping can leave out, depends on this."""
     gen = torch.Generator(device=device).manual_seed(seed)
     h_s = torch.randn(n, d, device=device, dtype=dtype, generator=gen)
     h_t = (h_s.float() + 0.5 * torch.randn(n, d, device=device, generator=gen)).to(dtype)
     weight = (torch.randn(v, d, device=device, generator=gen) * d**-0.5 * 2).to(dtype)
+    if data == "prior":
+        h_s[:, 0] = 1.0
+        h_t[:, 0] = 1.0
+        weight[:, 0] = (-3.0 * torch.log1p(torch.arange(v, device=device, dtype=torch.float32) / 16)).to(dtype)
+    elif data != "flat":
+        raise ValueError(f"data must be 'flat' or 'prior', got {data!r}")
     labels = torch.randint(0, v, (n,), device=device, generator=gen)
     labels[::97] = -100
     row_weights = torch.rand(n, device=device, generator=gen)
@@ -257,6 +270,25 @@ def breakdown(inputs, temperature, kl_weight, chunk_size=None, reps: int = 5, ro
     return chunk, phases
 
 
+def skip_stats(inputs, temperature, kl_weight, **knobs) -> str:
+    """One forward+backward of the fused loss with its skip report, and the gradient's relative error
+    against the same loss with skipping off."""
+    from flashfleet_kernels.distill_loss import triton_fused_linear_distill_loss
+
+    grads, rep = [], {}
+    for skip in (True, False):
+        h_s = inputs[0].detach().clone().requires_grad_()
+        kw = {**knobs, "skip_tiles": skip}
+        triton_fused_linear_distill_loss(h_s, *inputs[1:], temperature=temperature, kl_weight=kl_weight,
+                                         skip_report=rep if not grads else None, **kw).backward()
+        grads.append(h_s.grad.float())
+    rel = ((grads[0] - grads[1]).norm() / grads[1].norm()).item()
+    pairs = max(rep["pairs"], 1)
+    return (f"skip_mass {rep['skip_mass']:.2e}: {rep['pairs_skipped'] / pairs:.1%} of (row block, tile) pairs "
+            f"skipped in {rep['chunks_skipping']} chunks, max row share {rep['max_row_fraction'].item():.2e}, "
+            f"mass share {rep['mass_fraction'].item():.2e}; grad vs no skipping rel err {rel:.2e}")
+
+
 def peaked_scale(h_t, weight, top1=0.5, rows=256):
     """The factor on the hidden states that makes the teacher's mean top-1 probability at T=1 equal
     ``top1`` (on the first ``rows`` rows), found by bisection on fp32 logits."""
@@ -356,6 +388,67 @@ def sweep(args, anchors):
     return 0
 
 
+def skip_gemm_speed(v=151936, d=5120, rows=1024, reps=20, configs=None):
+    """The skipping gradient GEMM (Triton) against cuBLAS on one chunk, ``[rows x v] @ [v x d]`` bf16:
+    milliseconds (median of ``reps``) with every tile kept and with a random 25/50/75% of (row block,
+    tile) pairs skipped, per launch config ``(BM, TILE, BN, warps, stages, splits)``."""
+    from flashfleet_kernels import distill_loss as dl
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    g = (torch.randn(rows, v, device="cuda", generator=gen) * 1e-3).bfloat16()
+    w = (torch.randn(v, d, device="cuda", generator=gen) * 0.03).bfloat16()
+    out = torch.empty(rows, d, device="cuda", dtype=torch.bfloat16)
+
+    def timed(fn):
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        return statistics.median(times)
+
+    def launch(cfg, kept, count, part):
+        bm, tile, bn, warps, stages, split = cfg
+        grid = (split * -(-rows // bm) * -(-d // bn),)
+        dl._skip_grad_gemm_kernel[grid](g, w, part, kept, count, rows, v, d, g.stride(0), w.stride(0), kept.shape[1],
+                                        SPLIT=split, BM=bm, BN=bn, TILE=tile, IEEE=False, num_warps=warps,
+                                        num_stages=stages)
+        out.copy_(part.sum(0))
+
+    flop = 2 * rows * v * d
+    ms = timed(lambda: torch.mm(g, w, out=out))
+    print(f"# skip GEMM [{rows} x {v}] @ [{v} x {d}]: cuBLAS {ms:.3f} ms ({flop / ms / 1e9:.0f} TFLOP/s)", flush=True)
+    ref = (g.float() @ w.float())
+    for cfg in configs or [dl.SKIP_GEMM, (128, 64, 256, 8, 4, 4), (128, 64, 128, 8, 4, 4), (128, 64, 256, 8, 3, 2)]:
+        bm, tile, bn, warps, stages, split = cfg
+        n_tiles = -(-v // tile)
+        blocks = -(-rows // bm)
+        part = torch.empty(split, rows, d, device="cuda", dtype=torch.float32)
+        line = []
+        for skip in (0.0, 0.25, 0.5, 0.75):
+            keep = torch.rand(blocks, n_tiles, device="cuda", generator=gen) >= skip
+            ranks = torch.arange(n_tiles, device="cuda")
+            kept = torch.where(keep, ranks, ranks + n_tiles).sort(1).values.to(torch.int32)
+            count = keep.sum(1).to(torch.int32)
+
+            try:
+                t = timed(functools.partial(launch, cfg, kept, count, part))
+            except Exception as exc:  # a config the compiler cannot fit
+                line.append(f"skip {skip:.0%}: failed ({type(exc).__name__})")
+                break
+            if skip == 0.0:
+                err = ((out.float() - ref).norm() / ref.norm()).item()
+                line.append(f"all kept {t:.3f} ms ({flop / t / 1e9:.0f} TFLOP/s, rel err vs fp32 {err:.1e})")
+            else:
+                line.append(f"{skip:.0%} skipped {t:.3f} ms")
+        print(f"#   {cfg}: " + "; ".join(line), flush=True)
+
+
 def matmul_flops(n, v, d, kl_weight):
     return (3 if kl_weight else 2) * 2 * n * v * d
 
@@ -372,6 +465,9 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--chunk-size", type=int, default=None)
     p.add_argument("--breakdown", action="store_true", help="time the fused loop phase by phase")
+    p.add_argument("--data", choices=("flat", "prior"), default="flat",
+                   help="input logits: flat (default) or with a shared token-frequency prior (see make_inputs)")
+    p.add_argument("--skip-gemm", action="store_true", help="time the skipping gradient GEMM against cuBLAS")
     p.add_argument("--sweep", action="store_true",
                    help="try chunk sizes / row-kernel blocks, warps and segments / cuBLASLt at --n[0]")
     args = p.parse_args(argv)
@@ -379,6 +475,11 @@ def main(argv=None):
         print("the benchmark needs a CUDA GPU", file=sys.stderr)
         return 1
 
+    if args.skip_gemm:
+        print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {__import__('triton').__version__}")
+        for v in args.v:
+            skip_gemm_speed(v=v, d=args.d)
+        return 0
     T, a = args.temperature, args.kl_weight
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"triton {__import__('triton').__version__}, bf16, d={args.d}, T={T}, kl_weight={a}")
@@ -392,8 +493,9 @@ def main(argv=None):
             if name.startswith("ours@"):
                 impls.append((name, _ours_file(name[5:], T, a)))
             elif name.startswith("ours:"):  # ours with knobs, e.g. ours:one_logits_gemm=1+chunk_size=768
-                knobs = {k: int(x) for k, x in (kv.split("=") for kv in name[5:].split("+"))}
-                for flag in ("one_logits_gemm", "teacher_fp8"):
+                knobs = {k: float(x) if "." in x or "e" in x else int(x)
+                         for k, x in (kv.split("=") for kv in name[5:].split("+"))}
+                for flag in ("one_logits_gemm", "teacher_fp8", "skip_tiles"):
                     if flag in knobs:
                         knobs[flag] = bool(knobs[flag])
                 variants[name] = {"chunk_size": args.chunk_size, **knobs}
@@ -410,7 +512,7 @@ def main(argv=None):
     print("|---:|---:|---|---:|---:|---:|---:|")
     for v in args.v:
         for n in args.n:
-            inputs = make_inputs(n, v, args.d)
+            inputs = make_inputs(n, v, args.d, data=args.data)
             for name, fn in impls:
                 ms, peak = measure(fn, inputs, args.reps, args.warmup)
                 if isinstance(ms, str):
@@ -419,6 +521,11 @@ def main(argv=None):
                 tflops = matmul_flops(n, v, args.d, a) / (ms * 1e-3) / 1e12
                 print(f"| {n:,} | {v:,} | {name} | {ms:.1f} | {measure.last_spread:.1%} | {peak:.2f} | {tflops:.0f} |",
                       flush=True)
+            for name, knobs in variants.items():
+                if not knobs.get("skip_tiles"):
+                    continue
+                rep = skip_stats(inputs, T, a, **{k: x for k, x in knobs.items() if k != "chunk_size"})
+                print(f"#   skipped {name} N={n} V={v} data={args.data}: {rep}", flush=True)
             if args.breakdown:
                 for name, knobs in {"ours": {"chunk_size": args.chunk_size}, **variants}.items():
                     c, phases = breakdown(inputs, T, a, **knobs)

@@ -68,6 +68,26 @@ ONE_LOGITS_GEMM = False
 TEACHER_FP8 = False
 
 
+# Vocabulary-tile skipping in the gradient GEMM (d loss / d h_s = g W). A (row block, vocabulary tile)
+# pair is left out of that GEMM when its share of the gradient's L1 mass is small: per row block the
+# tiles are taken cheapest first (cost = the largest share any of its rows has in the tile) while the
+# costs sum to at most SKIP_MASS, so every row loses at most SKIP_MASS of the L1 mass of its
+# gradient wrt the logits, and ||error of its d loss / d h_s|| <= SKIP_MASS * ||g_i||_1 * max_v ||W_v||.
+# 2^-10 is below the relative rounding (2^-9) of the bf16 gradient the GEMM reads anyway.
+SKIP_MASS = 2.0**-10
+# Off by default: at T=2 with KL weight 0.7 (the drafter's loss) the KL term's gradient is spread over
+# the vocabulary, so within the bound almost nothing can be skipped, and the per-chunk plan costs
+# ~1.5 ms per 8192 rows; with sharp distributions (CE-heavy or T=1 losses on a peaked target) it
+# skipped 94-98% of the pairs on an H200 (docs/benchmarks.md).
+SKIP_TILES = False
+# The skipping GEMM (Triton, ~460 TFLOP/s against cuBLAS's ~800 when it keeps everything) runs for a
+# chunk only where at least this share of its (row block, tile) pairs can be skipped; otherwise cuBLAS
+# runs the whole product (nothing skipped, nothing reported for that chunk).
+SKIP_MIN_FRACTION = 0.5
+# (rows per block, vocabulary columns per tile, output columns per program, warps, stages, K splits)
+# of the skipping GEMM on a GPU.
+SKIP_GEMM = (128, 64, 256, 8, 4, 4)
+
 # Slots of one (row, vocabulary segment) partial: the stats kernel writes them, the finish kernel merges them.
 _NPART = 8  # m_s, d_1, d_T, m_t, d_t, acc, argmax (as fp32, exact below 2^24), z_y (segment 0 only)
 
@@ -222,13 +242,18 @@ def _row_grad_kernel(
     inv_temp,
     ce_coef,  # 1 - a
     kl_coef,  # a * T
+    mass_ptr,  # [rows, n_tiles] fp32 out (only when WRITE_MASS): sum of |gradient| per TILE columns
+    n_tiles,
     HAS_KL: tl.constexpr,
     HAS_CE: tl.constexpr,
     SEPARATE_T: tl.constexpr,
     SQUARE_T: tl.constexpr,
     BLOCK: tl.constexpr,
+    WRITE_MASS: tl.constexpr,
+    TILE: tl.constexpr,  # vocabulary columns per skip tile (divides BLOCK)
 ):
-    """Pass 2 on one segment: overwrite the student logits with the weighted gradient."""
+    """Pass 2 on one segment: overwrite the student logits with the weighted gradient (and, for tile
+    skipping, write the L1 mass of the gradient in each TILE-column tile of the row)."""
     row = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
     s_row = s_ptr + row * stride_s
@@ -266,15 +291,77 @@ def _row_grad_kernel(
             zt = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
             p = tl.exp((zt - m_t) * inv_temp - log_dt)
             g += kl_coef * (q_T - p)
-        tl.store(s_row + offs, (g * scale).to(s_ptr.dtype.element_ty), mask=mask)
+        g = g * scale
+        tl.store(s_row + offs, g.to(s_ptr.dtype.element_ty), mask=mask)
+        if WRITE_MASS:
+            a = tl.where(mask, tl.abs(g), 0.0)
+            tile_mass = tl.sum(tl.reshape(a, [BLOCK // TILE, TILE]), axis=1)
+            t_offs = start // TILE + tl.arange(0, BLOCK // TILE)
+            tl.store(mass_ptr + row * n_tiles + t_offs, tile_mass, mask=t_offs < n_tiles)
 
 
-_ROW_KERNELS = (_row_stats_kernel, _row_finish_kernel, _row_grad_kernel)
+@triton.jit
+def _skip_grad_gemm_kernel(
+    g_ptr,  # [rows, V] gradient wrt the chunk's student logits (the workspace)
+    w_ptr,  # [V, D] head
+    part_ptr,  # [SPLIT, rows, D] fp32 out: partial sums of g @ W over the split's kept tiles
+    idx_ptr,  # [row blocks, n_tiles] int32: each row block's kept vocabulary tiles first, ascending
+    count_ptr,  # [row blocks] int32: how many tiles each row block keeps
+    rows,
+    V,
+    D,
+    stride_g,
+    stride_w,
+    n_tiles,
+    SPLIT: tl.constexpr,
+    BM: tl.constexpr,  # rows per row block (the skip decision's granularity)
+    BN: tl.constexpr,
+    TILE: tl.constexpr,  # vocabulary columns per tile: the GEMM's K step
+    IEEE: tl.constexpr,  # fp32 inputs: no TF32
+):
+    """``g @ W`` over the kept (row block, vocabulary tile) pairs only: split-K over each row block's
+    list of kept tiles, one fp32 partial per split (summed by the caller, so the result does not
+    depend on scheduling). Programs of one split run together, so they share W's and g's tiles in L2."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(rows, BM)
+    num_n = tl.cdiv(D, BN)
+    per_split = num_m * num_n
+    s = pid // per_split
+    r = pid % per_split
+    pid_n = r // num_m
+    pid_m = r % num_m
+    count = tl.load(count_ptr + pid_m)
+    lo = count * s // SPLIT
+    hi = count * (s + 1) // SPLIT
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, TILE)
+    m_ok = offs_m < rows
+    n_ok = offs_n < D
+    a_base = g_ptr + offs_m.to(tl.int64)[:, None] * stride_g + offs_k[None, :]
+    b_base = w_ptr + offs_k.to(tl.int64)[:, None] * stride_w + offs_n[None, :]
+    idx_row = idx_ptr + pid_m.to(tl.int64) * n_tiles
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for i in range(lo, hi):
+        k0 = tl.load(idx_row + i) * TILE
+        k_ok = (k0 + offs_k) < V
+        a = tl.load(a_base + k0, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_base + k0.to(tl.int64) * stride_w, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    out = part_ptr + (s * rows + offs_m.to(tl.int64))[:, None] * D + offs_n[None, :]
+    tl.store(out, acc, mask=m_ok[:, None] & n_ok[None, :])
+
+
+_ROW_KERNELS = (_row_stats_kernel, _row_finish_kernel, _row_grad_kernel, _skip_grad_gemm_kernel)
 _interpreted_kernels = None
 
 
 def _row_kernels_for(device: torch.device):
-    """The three row kernels (stats, finish, grad), or interpreted copies of them for CPU tensors.
+    """The Triton kernels (stats, finish, grad, the skipping gradient GEMM), or interpreted copies of
+    them for CPU tensors.
 
     Whether ``triton.jit`` compiles or interprets is decided when the module is imported, from
     ``TRITON_INTERPRET``. If this module was imported without it (e.g. by another test folder
@@ -319,6 +406,34 @@ def _launch_config(vocab: int, device: torch.device) -> tuple[int, int, int]:
         return block, 1, 2 * block
     block = min(ROW_BLOCK, triton.next_power_of_2(vocab))
     return block, ROW_WARPS, max(block, ROW_SEGMENT // block * block)
+
+
+def skip_plan(mass: torch.Tensor, rows: int, block_rows: int, skip_mass: float):
+    """Which (row block, vocabulary tile) pairs the gradient GEMM leaves out, from per-row tile masses.
+
+    ``mass [R, n_tiles]`` (R a multiple of ``block_rows``, rows past ``rows`` ignored) is the L1 mass of
+    each row's gradient wrt the logits per tile. Per row block, tiles are sorted by their cost (the
+    largest share ``mass / row total`` any row of the block has in them) and skipped cheapest first
+    while the running sum of costs stays within ``skip_mass``: so each row's skipped share of its L1
+    mass is at most ``skip_mass``. Returns ``(kept, count, row_skipped)``: ``kept [blocks, n_tiles]``
+    int32 (each block's kept tiles first, ascending, then the skipped ones), ``count [blocks]`` int32
+    (tiles kept), ``row_skipped [rows]`` fp32 (each row's skipped share of its L1 mass) and
+    ``row_total [rows]`` fp32 (each row's L1 mass).
+    """
+    n_tiles = mass.shape[1]
+    blocks = -(-rows // block_rows)
+    mass = mass[: blocks * block_rows]
+    if rows < mass.shape[0]:
+        mass[rows:] = 0.0
+    total = mass.sum(1, keepdim=True)
+    share = (mass / total.clamp_min(torch.finfo(torch.float32).tiny)).view(blocks, block_rows, n_tiles)
+    cost, order = share.amax(1).sort(1)
+    n_skip = (cost.cumsum(1) <= skip_mass).sum(1, keepdim=True)
+    ranks = torch.arange(n_tiles, device=mass.device)
+    skip = torch.empty_like(order, dtype=torch.bool).scatter_(1, order, ranks < n_skip)
+    kept = torch.where(skip, ranks + n_tiles, ranks).sort(1).values.to(torch.int32)
+    row_skipped = (share * skip[:, None, :]).sum(2).reshape(-1)[:rows]
+    return kept, (n_tiles - n_skip.squeeze(1)).to(torch.int32), row_skipped, total.reshape(-1)[:rows]
 
 
 def normalised_scale(labels: torch.Tensor, row_weights: torch.Tensor, ignore_index: int) -> torch.Tensor:
@@ -471,7 +586,8 @@ class ChunkLoop:
 
     def __init__(self, h_s, h_t, weight, labels, row_weights, *, temperature, kl_weight, ignore_index,
                  want_argmax=False, chunk_size=None, row_group=1, block_size=None, num_warps=None,
-                 seg_size=None, one_logits_gemm=None, teacher_fp8=None, need_grad_h=True, need_grad_w=False):
+                 seg_size=None, one_logits_gemm=None, teacher_fp8=None, need_grad_h=True, need_grad_w=False,
+                 skip_tiles=None, skip_mass=None, skip_min=None, skip_gemm=None):
         n_rows = h_s.shape[0]
         vocab = weight.shape[0]
         device = h_s.device
@@ -526,6 +642,28 @@ class ChunkLoop:
                       if one and self.has_kl and self.head8 is None and len(self.bounds) > 0 else None)
         self.weight_t = weight.t()
 
+        # Tile skipping in the gradient GEMM (d loss / d h_s only; a head gradient is computed whole).
+        bound = float(SKIP_MASS if skip_mass is None else skip_mass)
+        if bound < 0:
+            raise ValueError(f"skip_mass must be >= 0, got {skip_mass}")
+        on = SKIP_TILES if skip_tiles is None else skip_tiles
+        self.skip_mass = bound if on and need_grad_h else 0.0
+        self.skip_min = SKIP_MIN_FRACTION if skip_min is None else skip_min
+        self.skip_pairs = self.skip_pairs_skipped = self.skip_chunks = 0
+        if self.skip_mass > 0:
+            if skip_gemm is None:
+                skip_gemm = SKIP_GEMM if device.type == "cuda" else (16, 16, 16, 1, 1, 2)
+            self.skip_gemm = skip_gemm
+            bm, tile = skip_gemm[:2]
+            if self.block % tile:
+                raise ValueError(f"skip tile of {tile} columns does not divide the row kernel's step {self.block}")
+            self.n_tiles = triton.cdiv(vocab, tile)
+            self.mass = torch.zeros(triton.cdiv(chunk_size, bm) * bm, self.n_tiles, dtype=torch.float32,
+                                    device=device)
+            self.part = None  # [splits, rows, d] fp32, made at the first chunk that skips
+            self.row_skipped = torch.zeros(n_rows, dtype=torch.float32, device=device)
+            self.row_l1 = torch.zeros(n_rows, dtype=torch.float32, device=device)
+
     def __len__(self):
         return len(self.bounds)
 
@@ -552,7 +690,7 @@ class ChunkLoop:
     def _launch(self, k, which):
         start, end, z_s, z_t = self._views(k)
         rows = end - start
-        stats, finish, grad = self.kernels
+        stats, finish, grad = self.kernels[:3]
         inv_t = 1.0 / self.temperature
         consts = dict(HAS_KL=self.has_kl, SEPARATE_T=self.separate_t)
         try:
@@ -569,11 +707,14 @@ class ChunkLoop:
                     WRITE_ARGMAX=self.want_argmax, SEG_P2=triton.next_power_of_2(self.n_seg), num_warps=1,
                     **consts)
             else:
+                skipping = self.skip_mass > 0
                 grad[(rows, self.n_seg)](
                     z_s, z_t, z_s.stride(0), z_t.stride(0), self.labels[start:end], self.scale[start:end],
                     self.norms, self.vocab, self.seg, inv_t, 1.0 - self.kl_weight,
-                    self.kl_weight * self.temperature, HAS_CE=self.has_ce, SQUARE_T=self.square_t,
-                    BLOCK=self.block, num_warps=self.num_warps, **consts)
+                    self.kl_weight * self.temperature, self.mass if skipping else self.norms,
+                    self.n_tiles if skipping else 1, HAS_CE=self.has_ce, SQUARE_T=self.square_t,
+                    BLOCK=self.block, WRITE_MASS=skipping, TILE=self.skip_gemm[1] if skipping else 1,
+                    num_warps=self.num_warps, **consts)
         except Exception as exc:
             if _interpreted_kernels is None or self.kernels is not _interpreted_kernels:
                 raise
@@ -596,10 +737,59 @@ class ChunkLoop:
 
     def grads(self, k):  # the workspace's student half now holds d loss / d z_s for these rows
         start, end, z_s, _ = self._views(k)
-        if self.grad_h is not None:
+        if self.grad_h is not None and not (self.skip_mass > 0 and self._skipping_grad_h(k)):
             torch.mm(z_s, self.weight, out=self.grad_h[start:end])
         if self.grad_w is not None:
             self.grad_w.addmm_(z_s.t(), self.h_s[start:end])
+
+    def _skipping_grad_h(self, k):
+        """Chunk k's ``d loss / d h_s`` with the skipping GEMM, if enough (row block, tile) pairs can be
+        skipped (one host sync per chunk to decide); False if cuBLAS should compute it whole."""
+        start, end, z_s, _ = self._views(k)
+        rows = end - start
+        bm, tile, bn, warps, stages, split = self.skip_gemm
+        kept, count, row_skipped, row_total = skip_plan(self.mass, rows, bm, self.skip_mass)
+        self.row_l1[start:end] = row_total
+        pairs = count.numel() * self.n_tiles
+        skipped = pairs - int(count.sum())
+        self.skip_pairs += pairs
+        if skipped == 0 or skipped < self.skip_min * pairs:
+            return False
+        self.skip_pairs_skipped += skipped
+        self.skip_chunks += 1
+        self.row_skipped[start:end] = row_skipped
+        d = self.weight.shape[1]
+        if self.part is None:
+            self.part = torch.empty(split * self.chunk_size * d, dtype=torch.float32, device=z_s.device)
+        part = self.part[: split * rows * d].view(split, rows, d)
+        grid = (split * triton.cdiv(rows, bm) * triton.cdiv(d, bn),)
+        self.kernels[3][grid](
+            z_s, self.weight, part, kept, count, rows, self.vocab, d, z_s.stride(0), self.weight.stride(0),
+            self.n_tiles, SPLIT=split, BM=bm, BN=bn, TILE=tile, IEEE=z_s.dtype == torch.float32,
+            num_warps=warps, num_stages=stages)
+        if self.grad_h.dtype == torch.float32:
+            torch.sum(part, 0, out=self.grad_h[start:end])
+        else:
+            self.grad_h[start:end].copy_(part.sum(0))
+        return True
+
+    def skip_report(self) -> dict:
+        """What tile skipping left out of the gradient GEMM: ``skip_mass`` (the bound), ``pairs`` and
+        ``pairs_skipped`` ((row block, vocabulary tile) pairs seen and skipped), ``chunks_skipping``,
+        and as 0-d fp32 tensors (no host sync) ``max_row_fraction`` (the largest share of any row's
+        L1 gradient mass wrt its logits that was skipped; at most ``skip_mass``) and
+        ``mass_fraction`` (skipped L1 mass over all rows' L1 mass)."""
+        rep = dict(skip_mass=self.skip_mass, pairs=self.skip_pairs, pairs_skipped=self.skip_pairs_skipped,
+                   chunks_skipping=self.skip_chunks)
+        if self.skip_mass > 0:
+            total = self.row_l1.sum()
+            rep["max_row_fraction"] = self.row_skipped.max() if self.row_skipped.numel() else total * 0
+            rep["mass_fraction"] = (self.row_skipped * self.row_l1).sum() / total.clamp_min(
+                torch.finfo(torch.float32).tiny)
+        else:
+            zero = torch.zeros((), dtype=torch.float32, device=self.h_s.device)
+            rep["max_row_fraction"] = rep["mass_fraction"] = zero
+        return rep
 
     def run(self):
         # In order, on one stream. Running the row kernel of chunk k on a side stream while cuBLAS
@@ -623,13 +813,17 @@ class ChunkLoop:
 class _FusedLinearDistillLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_s, h_t, weight, labels, row_weights, temperature, kl_weight, ignore_index,
-                want_argmax, chunk_size, block_size, num_warps, row_group, seg_size, one_logits_gemm, teacher_fp8):
+                want_argmax, chunk_size, block_size, num_warps, row_group, seg_size, one_logits_gemm, teacher_fp8,
+                skip_tiles, skip_mass, skip_min, skip_report):
         loop = ChunkLoop(h_s, h_t, weight, labels, row_weights, temperature=temperature, kl_weight=kl_weight,
                          ignore_index=ignore_index, want_argmax=want_argmax, chunk_size=chunk_size,
                          row_group=row_group, block_size=block_size, num_warps=num_warps, seg_size=seg_size,
                          one_logits_gemm=one_logits_gemm, teacher_fp8=teacher_fp8,
-                         need_grad_h=ctx.needs_input_grad[0], need_grad_w=ctx.needs_input_grad[2])
+                         need_grad_h=ctx.needs_input_grad[0], need_grad_w=ctx.needs_input_grad[2],
+                         skip_tiles=skip_tiles, skip_mass=skip_mass, skip_min=skip_min)
         loop.run()
+        if skip_report is not None:
+            skip_report.update(loop.skip_report())
         loss, inv_norm = loop.loss()
         valid = loop.valid
         correct = (loop.argmax.long() == labels) & valid if want_argmax else torch.zeros_like(valid)
@@ -651,7 +845,7 @@ class _FusedLinearDistillLoss(torch.autograd.Function):
 
         # Out of place so that a retained graph can be backpropagated more than once.
         return (scaled(grad_h), None, scaled(grad_w), None, None, None, None, None, None, None, None, None,
-                None, None, None, None)
+                None, None, None, None, None, None, None, None)
 
 
 def prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights, *, temperature,
@@ -699,6 +893,10 @@ def triton_fused_linear_distill_loss(
     seg_size: int | None = None,
     one_logits_gemm: bool | None = None,
     teacher_fp8: bool | None = None,
+    skip_tiles: bool | None = None,
+    skip_mass: float | None = None,
+    skip_report: dict | None = None,
+    skip_min: float | None = None,
 ):
     """The fused path. Same contract as :func:`flashfleet_kernels.fused_linear_distill_loss`.
 
@@ -711,13 +909,21 @@ def triton_fused_linear_distill_loss(
     ``row_group``s. ``teacher_fp8=True`` (default :data:`TEACHER_FP8`, off) computes the teacher
     logits with an FP8 GEMM (row-wise scales; the head quantized once and cached, see
     :func:`fp8_head`); it raises a RuntimeError up front where the device or torch cannot.
+
+    ``skip_tiles=True`` (default :data:`SKIP_TILES`, off) leaves negligible (row block, vocabulary
+    tile) pairs out of the gradient GEMM to ``d loss / d h_s``; ``skip_mass`` (default
+    :data:`SKIP_MASS`, 2^-10; 0 skips nothing) bounds it: no row loses more than this share of the L1
+    mass of its gradient wrt the logits (see :func:`skip_plan`). Loss, CE and argmax are never
+    affected, nor is a head gradient. A dict passed as ``skip_report`` is filled with what was skipped
+    (:meth:`ChunkLoop.skip_report`). ``skip_min`` (default :data:`SKIP_MIN_FRACTION`) is the share of
+    (row block, tile) pairs a chunk must be able to skip for the skipping GEMM to run instead of cuBLAS.
     """
     h_s, h_t, weight, y, w = prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights,
                                             temperature=temperature, kl_weight=kl_weight, row_group=row_group)
     loss, row_ce, correct = _FusedLinearDistillLoss.apply(
         h_s, h_t, weight, y, w, float(temperature), float(kl_weight), int(ignore_index),
         bool(return_row_stats), chunk_size, block_size, num_warps, int(row_group), seg_size, one_logits_gemm,
-        teacher_fp8,
+        teacher_fp8, skip_tiles, skip_mass, skip_min, skip_report,
     )
     if return_row_stats:
         return loss, row_ce, correct

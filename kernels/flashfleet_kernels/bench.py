@@ -391,7 +391,8 @@ def sweep(args, anchors):
 def skip_gemm_speed(v=151936, d=5120, rows=1024, reps=20, configs=None):
     """The skipping gradient GEMM (Triton) against cuBLAS on one chunk, ``[rows x v] @ [v x d]`` bf16:
     milliseconds (median of ``reps``) with every tile kept and with a random 25/50/75% of (row block,
-    tile) pairs skipped, per launch config ``(BM, TILE, BN, warps, stages, splits)``."""
+    tile) pairs skipped, per launch config ``(BM, TILE, BN, warps, stages, splits)``, ``+ ("tma",)``
+    for the variant that loads its tiles through tensor descriptors."""
     from flashfleet_kernels import distill_loss as dl
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -413,8 +414,17 @@ def skip_gemm_speed(v=151936, d=5120, rows=1024, reps=20, configs=None):
         return statistics.median(times)
 
     def launch(cfg, kept, count, part):
-        bm, tile, bn, warps, stages, split = cfg
+        bm, tile, bn, warps, stages, split = cfg[:6]
         grid = (split * -(-rows // bm) * -(-d // bn),)
+        if cfg[6:] == ("tma",):
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            dl._skip_grad_gemm_tma_kernel[grid](
+                TensorDescriptor.from_tensor(g, [bm, tile]), TensorDescriptor.from_tensor(w, [tile, bn]), part, kept,
+                count, rows, d, kept.shape[1], SPLIT=split, BM=bm, BN=bn, TILE=tile, num_warps=warps,
+                num_stages=stages)
+            out.copy_(part.sum(0))
+            return
         dl._skip_grad_gemm_kernel[grid](g, w, part, kept, count, rows, v, d, g.stride(0), w.stride(0), kept.shape[1],
                                         SPLIT=split, BM=bm, BN=bn, TILE=tile, IEEE=False, num_warps=warps,
                                         num_stages=stages)
@@ -424,8 +434,9 @@ def skip_gemm_speed(v=151936, d=5120, rows=1024, reps=20, configs=None):
     ms = timed(lambda: torch.mm(g, w, out=out))
     print(f"# skip GEMM [{rows} x {v}] @ [{v} x {d}]: cuBLAS {ms:.3f} ms ({flop / ms / 1e9:.0f} TFLOP/s)", flush=True)
     ref = (g.float() @ w.float())
-    for cfg in configs or [dl.SKIP_GEMM, (128, 64, 256, 8, 4, 4), (128, 64, 128, 8, 4, 4), (128, 64, 256, 8, 3, 2)]:
-        bm, tile, bn, warps, stages, split = cfg
+    for cfg in configs or [dl.SKIP_GEMM, (128, 64, 256, 8, 4, 4, "tma"), (128, 64, 256, 8, 3, 4, "tma"),
+                           (128, 64, 128, 4, 4, 4, "tma")]:
+        bm, tile, bn, warps, stages, split = cfg[:6]
         n_tiles = -(-v // tile)
         blocks = -(-rows // bm)
         part = torch.empty(split, rows, d, device="cuda", dtype=torch.float32)

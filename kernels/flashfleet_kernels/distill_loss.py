@@ -355,6 +355,46 @@ def _skip_grad_gemm_kernel(
     tl.store(out, acc, mask=m_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _skip_grad_gemm_tma_kernel(
+    g_desc,  # tensor descriptor of the [rows, V] gradient, blocks [BM, TILE]
+    w_desc,  # tensor descriptor of the [V, D] head, blocks [TILE, BN]
+    part_ptr,
+    idx_ptr,
+    count_ptr,
+    rows,
+    D,
+    n_tiles,
+    SPLIT: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    """:func:`_skip_grad_gemm_kernel` with the tiles loaded through tensor descriptors (TMA on Hopper;
+    out-of-range rows and columns read as zeros). Timed by ``bench --skip-gemm``; not used by the loss."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(rows, BM)
+    per_split = num_m * tl.cdiv(D, BN)
+    s = pid // per_split
+    r = pid % per_split
+    pid_n = r // num_m
+    pid_m = r % num_m
+    count = tl.load(count_ptr + pid_m)
+    lo = count * s // SPLIT
+    hi = count * (s + 1) // SPLIT
+    idx_row = idx_ptr + pid_m.to(tl.int64) * n_tiles
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for i in range(lo, hi):
+        k0 = tl.load(idx_row + i) * TILE
+        a = g_desc.load([pid_m * BM, k0])
+        b = w_desc.load([k0, pid_n * BN])
+        acc = tl.dot(a, b, acc)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    out = part_ptr + (s * rows + offs_m.to(tl.int64))[:, None] * D + offs_n[None, :]
+    tl.store(out, acc, mask=(offs_m < rows)[:, None] & (offs_n < D)[None, :])
+
+
 _ROW_KERNELS = (_row_stats_kernel, _row_finish_kernel, _row_grad_kernel, _skip_grad_gemm_kernel)
 _interpreted_kernels = None
 
@@ -408,17 +448,18 @@ def _launch_config(vocab: int, device: torch.device) -> tuple[int, int, int]:
     return block, ROW_WARPS, max(block, ROW_SEGMENT // block * block)
 
 
-def skip_plan(mass: torch.Tensor, rows: int, block_rows: int, skip_mass: float):
+def skip_plan(mass: torch.Tensor, rows: int, block_rows: int, skip_mass: float, worth=None):
     """Which (row block, vocabulary tile) pairs the gradient GEMM leaves out, from per-row tile masses.
 
     ``mass [R, n_tiles]`` (R a multiple of ``block_rows``, rows past ``rows`` ignored) is the L1 mass of
     each row's gradient wrt the logits per tile. Per row block, tiles are sorted by their cost (the
     largest share ``mass / row total`` any row of the block has in them) and skipped cheapest first
     while the running sum of costs stays within ``skip_mass``: so each row's skipped share of its L1
-    mass is at most ``skip_mass``. Returns ``(kept, count, row_skipped)``: ``kept [blocks, n_tiles]``
-    int32 (each block's kept tiles first, ascending, then the skipped ones), ``count [blocks]`` int32
-    (tiles kept), ``row_skipped [rows]`` fp32 (each row's skipped share of its L1 mass) and
-    ``row_total [rows]`` fp32 (each row's L1 mass).
+    mass is at most ``skip_mass``. Returns ``(kept, count, row_skipped, row_total)``: ``kept [blocks,
+    n_tiles]`` int32 (each block's kept tiles first, ascending, then the skipped ones), ``count
+    [blocks]`` int32 (tiles kept), ``row_skipped [rows]`` fp32 (each row's skipped share of its L1
+    mass) and ``row_total [rows]`` fp32 (each row's L1 mass). ``worth(skipped, pairs)``, if given, is
+    asked (one host sync) before the lists are made; where it says no, the first three are None.
     """
     n_tiles = mass.shape[1]
     blocks = -(-rows // block_rows)
@@ -429,11 +470,14 @@ def skip_plan(mass: torch.Tensor, rows: int, block_rows: int, skip_mass: float):
     share = (mass / total.clamp_min(torch.finfo(torch.float32).tiny)).view(blocks, block_rows, n_tiles)
     cost, order = share.amax(1).sort(1)
     n_skip = (cost.cumsum(1) <= skip_mass).sum(1, keepdim=True)
+    row_total = total.reshape(-1)[:rows]
+    if worth is not None and not worth(int(n_skip.sum()), n_skip.numel() * n_tiles):
+        return None, None, None, row_total
     ranks = torch.arange(n_tiles, device=mass.device)
     skip = torch.empty_like(order, dtype=torch.bool).scatter_(1, order, ranks < n_skip)
     kept = torch.where(skip, ranks + n_tiles, ranks).sort(1).values.to(torch.int32)
     row_skipped = (share * skip[:, None, :]).sum(2).reshape(-1)[:rows]
-    return kept, (n_tiles - n_skip.squeeze(1)).to(torch.int32), row_skipped, total.reshape(-1)[:rows]
+    return kept, (n_tiles - n_skip.squeeze(1)).to(torch.int32), row_skipped, row_total
 
 
 def normalised_scale(labels: torch.Tensor, row_weights: torch.Tensor, ignore_index: int) -> torch.Tensor:
@@ -748,12 +792,17 @@ class ChunkLoop:
         start, end, z_s, _ = self._views(k)
         rows = end - start
         bm, tile, bn, warps, stages, split = self.skip_gemm
-        kept, count, row_skipped, row_total = skip_plan(self.mass, rows, bm, self.skip_mass)
+        seen = []
+
+        def worth(skipped, pairs):
+            seen.append((skipped, pairs))
+            return skipped > 0 and skipped >= self.skip_min * pairs
+
+        kept, count, row_skipped, row_total = skip_plan(self.mass, rows, bm, self.skip_mass, worth)
         self.row_l1[start:end] = row_total
-        pairs = count.numel() * self.n_tiles
-        skipped = pairs - int(count.sum())
+        skipped, pairs = seen[0]
         self.skip_pairs += pairs
-        if skipped == 0 or skipped < self.skip_min * pairs:
+        if kept is None:
             return False
         self.skip_pairs_skipped += skipped
         self.skip_chunks += 1

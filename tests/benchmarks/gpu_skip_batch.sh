@@ -5,7 +5,7 @@
 # `pip download --no-deps -d .whl/peers ...` where PyPI is reachable), as in gpu_loss_batch.sh.
 #
 #     OUT=/tmp/out bash tests/benchmarks/gpu_skip_batch.sh          # everything (about 5 minutes)
-#     OUT=/tmp/out bash tests/benchmarks/gpu_skip_batch.sh quick    # the skipping tests, peaked data only
+#     OUT=/tmp/out bash tests/benchmarks/gpu_skip_batch.sh quick    # the skipping tests and GEMM, peaked data only
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the results}
 QUICK=${1:-}
@@ -23,6 +23,7 @@ if [ -n "$QUICK" ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_distill_loss_skip.py \
     tests/kernels/test_distill_loss_cuda.py -k "skip" 2>&1 | tee "$OUT/tests.txt"
   {
+    bench --skip-gemm --v 151936
     bench --n 8192 --v 151936 --data prior --impls "ours,$skip,liger" --reps 10
     bench --n 8192 --v 151936 --data prior --temperature 1 --kl-weight 1 --impls "ours,$skip,speculators" --reps 10
     bench --n 8192 --v 151936 --data prior --kl-weight 0 --impls "ours,$skip,cce" --reps 10

@@ -96,8 +96,9 @@ def test_skipping_gemm_computes_exactly_the_kept_tiles(monkeypatch):
 
     plans = []
 
-    def recording_plan(mass, rows, block_rows, skip_mass):
-        out = real_plan(mass, rows, block_rows, skip_mass)
+    def recording_plan(mass, rows, block_rows, skip_mass, worth=None):
+        out = real_plan(mass, rows, block_rows, skip_mass, worth)
+        assert out[0] is not None  # skip_min=0: every chunk with a skippable pair takes the skipping GEMM
         plans.append((rows, block_rows, mass.shape[1], *out))
         return out
 
@@ -163,6 +164,10 @@ def test_skip_plan_takes_the_cheapest_tiles_within_the_budget():
     torch.testing.assert_close(row_total, torch.tensor([1.0, 1.0, 0.0]))
     kept, count, row_skipped, _ = skip_plan(mass.clone(), 3, 2, 0.0)
     assert count.tolist() == [5, 0] and row_skipped.max().item() == 0.0
+    # asked whether the plan is worth it: 1 + 5 of 10 pairs skippable at 0.005
+    asked = []
+    out = skip_plan(mass.clone(), 3, 2, 0.005, lambda skipped, pairs: asked.append((skipped, pairs)) or False)
+    assert asked == [(6, 10)] and out[0] is None and out[3].tolist() == [1.0, 1.0, 0.0]
 
 
 @needs_triton
@@ -173,3 +178,37 @@ def test_skipping_is_off_by_default():
     triton_fused_linear_distill_loss(h_s, *inputs[1:], temperature=1.0, kl_weight=0.0, skip_report=rep,
                                      **KW).backward()
     assert rep["pairs"] == 0 and rep["pairs_skipped"] == 0 and rep["max_row_fraction"].item() == 0.0
+
+
+@needs_triton
+def test_descriptor_variant_of_the_skipping_gemm():
+    """The tensor-descriptor (TMA) variant that ``bench --skip-gemm`` times: exactly the kept tiles,
+    ragged edges (rows, vocabulary) read as zeros."""
+    tensor_descriptor = pytest.importorskip("triton.tools.tensor_descriptor")
+    from flashfleet_kernels import distill_loss as dl
+
+    if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors need a Hopper GPU or later")
+    gen = torch.Generator().manual_seed(1)
+    rows, v, d, bm, tile, bn, split = 40, 200, 48, 16, 16, 16, 2
+    g = torch.randn(rows, v, generator=gen)
+    w = torch.randn(v, d, generator=gen)
+    n_tiles, blocks = -(-v // tile), -(-rows // bm)
+    keep = torch.rand(blocks, n_tiles, generator=gen) > 0.4
+    ranks = torch.arange(n_tiles)
+    kept = torch.where(keep, ranks, ranks + n_tiles).sort(1).values.to(torch.int32)
+    count = keep.sum(1).to(torch.int32)
+    mask = torch.zeros(rows, v, dtype=torch.bool)
+    for r in range(rows):
+        for j in kept[r // bm, : count[r // bm]].tolist():
+            mask[r, j * tile:(j + 1) * tile] = True
+    expected = (g.double() * mask) @ w.double()
+    g, w, kept, count = (t.to(DEVICE) for t in (g, w, kept, count))
+    part = torch.empty(split, rows, d, device=DEVICE)
+    desc = tensor_descriptor.TensorDescriptor.from_tensor
+    grid = (split * blocks * -(-d // bn),)
+    dl._skip_grad_gemm_tma_kernel[grid](desc(g, [bm, tile]), desc(w, [tile, bn]), part, kept, count, rows, d,
+                                        n_tiles, SPLIT=split, BM=bm, BN=bn, TILE=tile)
+    # fp32 inputs: TF32 on a GPU, exact under the interpreter
+    tol = 2e-2 if DEVICE == "cuda" else 1e-4
+    torch.testing.assert_close(part.sum(0).double().cpu(), expected, atol=tol * expected.abs().max().item(), rtol=0)

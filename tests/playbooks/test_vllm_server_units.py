@@ -13,8 +13,10 @@ import pytest
 from flashfleet_trainer.vllm_target import serve_argv
 
 from tests.conftest import ROOT, failure_messages, local_inventory
+from tests.host_paths import HOST_PATHS
 
-SPEC = {"trainer": {"target_model": "/dev/shm/models/qwen3.6-27b", "data_dir": "/var/lib/flashfleet/data/d",
+SPEC = {"trainer": {"target_model": f"{HOST_PATHS['flashfleet_model_shm_root']}/qwen3.6-27b",
+                    "data_dir": f"{HOST_PATHS['flashfleet_data_root']}/d",
                     "drafter_gpus": "4,5,6,7"},
         "vllm": {"servers": [{"port": 8100, "gpus": "0,1"}, {"port": 8101, "gpus": "2,3"}],
                  "args": {"tensor-parallel-size": 2, "max-model-len": 8192, "enable-prefix-caching": False,

@@ -19,6 +19,7 @@ from flashfleet import death as fd
 from flashfleet import evidence as fe
 from flashfleet.contract import layout
 
+from tests.host_paths import HOST_PATHS
 from tests.unit import test_diagnosis_evidence as recorded
 
 SYSTEMCTL_SHOW = recorded.SYSTEMCTL_SHOW
@@ -240,16 +241,17 @@ def test_the_verdict_unit_runs_the_recorder_without_the_secret_on_its_command_li
     unit = _directives(_render(layout.VERDICT_UNIT_TEMPLATE + ".j2"))
     assert unit["Type"] == ["oneshot"]
     argv = shlex.split(unit["ExecStart"][0].replace("%i", "v2"))
-    assert argv[:3] == ["/opt/flashfleet/venv/bin/python", "-m", "flashfleet.death"]
+    venv, runs, config = (HOST_PATHS[k] for k in ("flashfleet_venv", "flashfleet_runs_root", "flashfleet_config_root"))
+    assert argv[:3] == [f"{venv}/bin/python", "-m", "flashfleet.death"]
     args = dict(zip(argv[3::2], argv[4::2], strict=True))
-    assert args == {"--run": "v2", "--output-dir": "/var/lib/flashfleet/runs/v2", "--config-dir": "/etc/flashfleet/runs",
-                    "--venv": "/opt/flashfleet/venv", "--lock": "/opt/flashfleet/venv/flashfleet.lock"}
+    assert args == {"--run": "v2", "--output-dir": f"{runs}/v2", "--config-dir": config,
+                    "--venv": venv, "--lock": f"{venv}/flashfleet.lock"}
     # The webhook comes from the root-only file train_unit writes (vars/main.yml), never the command line.
     vars_text = (ROOT / "roles/train_unit/vars/main.yml").read_text()
     assert 'train_unit_webhook_env_file: "{{ train_unit_config_dir }}/{{ train_unit_run }}.webhook.env"' in vars_text
-    assert unit["EnvironmentFile"] == ["-/etc/flashfleet/runs/%i.webhook.env"]
+    assert unit["EnvironmentFile"] == [f"-{config}/%i.webhook.env"]
     assert "WEBHOOK" not in unit["ExecStart"][0] and "Environment" not in unit
-    assert unit["ReadWritePaths"] == ["-/var/lib/flashfleet/runs/%i"]
+    assert unit["ReadWritePaths"] == [f"-{runs}/%i"]
     # The recorder's own parser takes that command line.
     parsed = fd.parser().parse_args(argv[3:])
-    assert (parsed.run, parsed.output_dir, parsed.unit) == ("v2", "/var/lib/flashfleet/runs/v2", None)
+    assert (parsed.run, parsed.output_dir, parsed.unit) == ("v2", f"{runs}/v2", None)

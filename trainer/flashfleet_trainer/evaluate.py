@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from flashfleet.contract import layout
 
 from .data import Blocks
 from .loss import IGNORE
@@ -129,7 +130,7 @@ def load_prompt_sets(paths, limit=None, tokenizer=None) -> dict:
 
 def run_prompts_path(eval_prompts, data_dir) -> Path:
     """A run's held-out prompts: its --eval-prompts, else <data-dir>/eval/prompts.jsonl."""
-    return Path(eval_prompts) if eval_prompts else Path(data_dir) / "eval" / "prompts.jsonl"
+    return Path(eval_prompts) if eval_prompts else Path(data_dir) / layout.EVAL_PROMPTS
 
 
 def load_prompts(path, limit=None) -> list[list[int]]:
@@ -391,7 +392,7 @@ def main(argv=None):
     else:
         ckpt = a.checkpoint
         if ckpt is None:
-            found = complete_checkpoints(Path(a.output_dir or ".") / "checkpoints")
+            found = complete_checkpoints(Path(a.output_dir or ".") / layout.CHECKPOINTS)
             if not found:
                 print("dflash-eval: no complete checkpoint found", file=sys.stderr)
                 return 78

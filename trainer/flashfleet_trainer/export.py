@@ -423,7 +423,7 @@ def run_facts(ckpt: Path) -> dict:
     run = ckpt.parent.parent if ckpt.parent.name == layout.CHECKPOINTS else None
     if run is not None:
         try:
-            facts["args"] = json.loads((run / "run_config.json").read_text())
+            facts["args"] = json.loads((run / layout.RUN_CONFIG).read_text())
         except (OSError, ValueError):
             pass
         try:

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from flashfleet.contract import layout
 
 PAD = 0
 
@@ -135,7 +136,7 @@ ARCHS = ("qwen3", "qwen3_5")
 def write_train_data(data_dir: Path, rows: list[list[int]], prompt_len: int) -> None:
     """The drafter's training data (data_dir/train-00000.parquet, and data_dir/eval/ for the
     prompts): each row a prompt and the target's sampled completion, supervised on the completion."""
-    (data_dir / "eval").mkdir(parents=True, exist_ok=True)
+    (data_dir / layout.EVAL_PROMPTS).parent.mkdir(parents=True, exist_ok=True)
     table = pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32())),
                       "loss_mask": pa.array([[0] * prompt_len + [1] * (len(r) - prompt_len) for r in rows],
                                             pa.list_(pa.int8()))})
@@ -179,7 +180,7 @@ def _build(out, seed, vocab, hidden, layers, steps, num_seqs, prompt_len, comple
         prompts = torch.from_numpy(np.stack([lang.sample(prompt_len) for _ in range(n)]))
         rows += sample(model, prompts, completion_len, seed * 1000 + s).tolist()
     write_train_data(out / "data", rows, prompt_len)
-    with open(out / "data" / "eval" / "prompts.jsonl", "w") as f:
+    with open(out / "data" / layout.EVAL_PROMPTS, "w") as f:
         for _ in range(num_eval):
             f.write(json.dumps({"input_ids": lang.sample(prompt_len).tolist()}) + "\n")
     info = {"arch": arch, "seed": seed, "vocab_size": vocab, "hidden_size": hidden, "num_layers": layers, "train_steps": steps,

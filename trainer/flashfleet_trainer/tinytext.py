@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from flashfleet.contract import layout
 
 # torch, pyarrow and transformers are imported where they are used: --list-sources (the cache
 # key) stays a fraction of a second.
@@ -179,7 +180,7 @@ def _build(out, seed, hidden, layers, steps, batch, seq_len, num_seqs, prompt_le
     for s in range(0, num_seqs, 128):  # 128 at a time: bounded memory
         rows += sample(model, torch.from_numpy(prompts[s:s + 128]), completion_len, seed * 1000 + s).tolist()
     write_train_data(out / "data", rows, prompt_len)
-    with open(out / "data" / "eval" / "prompts.jsonl", "w") as f:
+    with open(out / "data" / layout.EVAL_PROMPTS, "w") as f:
         for p in held.line_prompts(num_eval, eval_prompt_len):
             f.write(json.dumps({"set": EVAL_SET, "input_ids": p.tolist()}) + "\n")
     info = {"kind": "text", "arch": "qwen3", "seed": seed, "tokens": "bytes: id = byte + 1, 0 = pad, 257 = mask row",

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flashfleet.contract import messages
+from flashfleet.contract import layout, messages
 from flashfleet.contract import metrics as contract
 
 from . import checkpoint as ckpt
@@ -269,7 +269,7 @@ class Trainer:
         self.dcfg = plan.drafter_config
         self.per_step = args.grad_accum * self.r.world  # micro-batches per optimizer step, all ranks together
         self.out = Path(args.output_dir)
-        self.ckpt_root = self.out / "checkpoints"
+        self.ckpt_root = self.out / layout.CHECKPOINTS
         # Stopping: what this process saw, and what all ranks decided together (the same on every rank).
         self.stop_local = False  # SIGTERM (or the node's stop event) seen by this process
         self.stop_requested = False  # stop after this step
@@ -848,7 +848,7 @@ def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None
         start = begin_run(out, args.wandb_run_name or out.resolve().name) if r.is_main else None
         trainer.setup()
         if r.is_main:
-            (out / "run_config.json").write_text(json.dumps(vars(args), indent=1, default=str) + "\n")
+            (out / layout.RUN_CONFIG).write_text(json.dumps(vars(args), indent=1, default=str) + "\n")
             metrics = MetricsLog(out, start.invocation)  # its first step supersedes (contract.metrics)
             wandb_run = wandb_compat.WandbRun(args.wandb_project, args.wandb_run_name, plan.wandb_settings,
                                               vars(args), out, run_id=start.wandb_id)

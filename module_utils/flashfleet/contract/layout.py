@@ -4,9 +4,15 @@
     metrics.jsonl      one record per optimizer step, evaluation or event (metrics.py)
     checkpoints/       step-NNNNNNNN/ directories (checkpoint.py)
     run.json           what the run keeps across restarts: invocation count, W&B id (runstate.py)
+    run_config.json    the trainer's settings as it started (the trainer writes it, dflash-export reads it)
     wandb/             wandb's own directory (offline-run-*/ when WANDB_MODE=offline)
     deaths/            one <UTC time>-<invocation>/ directory per death of the run's unit, written
                        on the host at that moment (flashfleet.death), never overwritten
+
+and one name inside a data directory (`--data-dir`):
+
+    eval/prompts.jsonl held-out prompts, {"input_ids": [...]} per line: dflash-eval's and the
+                       interval evaluation's default --eval-prompts (dflash-tiny writes one)
 """
 
 import re
@@ -15,7 +21,10 @@ STATUS = "status.json"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 RUN_STATE = "run.json"
+RUN_CONFIG = "run_config.json"
 WANDB = "wandb"  # wandb.init(dir=<run dir>) makes it
+# Inside a data directory, relative to it.
+EVAL_PROMPTS = "eval/prompts.jsonl"
 
 # systemd: one template unit, the run's name is the instance.
 UNIT_TEMPLATE = "flashfleet-train@.service"

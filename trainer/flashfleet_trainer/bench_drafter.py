@@ -53,6 +53,34 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def step_flops(cfg: DrafterConfig, blocks, vocab: int) -> dict:
+    """The useful FLOPs of one micro-batch's forward + backward (teraFLOP), by part: the layers'
+    GEMMs on the block rows (forward, input and weight gradients), the context's (fc: forward and
+    weight gradient, the features take none; K/V in every layer), the loss's three N x d x V GEMMs
+    on the predicted rows, and attention (QK and PV over the entries each row may see, backward
+    2.5x the forward). Tiles that flex computes but masks, elementwise work and the optimizer are
+    not counted: rate = these FLOPs over the forward + backward time."""
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    nh, nkv, n_feat = cfg.num_attention_heads, cfg.num_key_value_heads, len(cfg.target_layer_ids)
+    seq, anchor = blocks.seq.long(), blocks.anchor.long()
+    n, b = blocks.input_ids.shape
+    t = int(sum(int(anchor[seq == s].max()) for s in seq.unique()))  # the context: positions < last anchor
+    layer = h * (2 * nh * d + 2 * nkv * d + 3 * i)
+    out = {"layers": 6 * n * b * layer * cfg.num_hidden_layers,
+           "context": 4 * t * n_feat * h * h + 6 * t * cfg.num_hidden_layers * h * 2 * nkv * d,
+           "loss": 6 * n * (b - 1) * h * vocab}
+    k = torch.arange(b)[None, :]
+    attn = 0
+    for kind in cfg.layer_types:
+        w = cfg.sliding_window if kind == "sliding_attention" else None
+        p = anchor[:, None] + k
+        ctx = anchor[:, None] - (p - w + 1).clamp(min=0).clamp(max=anchor[:, None]) if w else anchor[:, None] + 0 * k
+        own = torch.minimum(k + 1, torch.tensor(w)) if w else torch.full_like(k, b)
+        attn += int((ctx + own).sum()) * nh * d * 4 * 3.5
+    out["attention"] = attn
+    return {key: v / 1e12 for key, v in out.items()}
+
+
 def drafter_config(shape: str, vocab: int, layers: int, block_size: int) -> DrafterConfig:
     """The drafter of a published target's shape (random weights: only the widths matter here)."""
     widths = dict(SHAPES[shape])
@@ -130,18 +158,20 @@ class Bench:
             self.opt.zero_grad(set_to_none=True)
         stats = torch.cat([loss.detach().double().reshape(1), st["ce"].reshape(1), st["kl"].reshape(1),
                            st["correct"].double(), st["count"].double(), gnorm.double().reshape(1)])
-        return {"rows": blocks.input_ids.numel(), "t0": t0, "t_prep": t_prep, "span": span, "stats": stats,
+        return {"rows": blocks.input_ids.numel(), "blocks": blocks, "t0": t0, "t_prep": t_prep, "span": span, "stats": stats,
                 "t_launch": time.perf_counter() - t0}
 
     def read(self, s) -> tuple:
         """The step's statistics read once, as the trainer reads them; (rows, drafter seconds, step
-        seconds, prep seconds, launch seconds: the host's time queueing the step). A step's wall time
+        seconds, prep seconds, launch seconds: the host's time queueing the step, teraFLOP and their parts:
+        `step_flops`). A step's wall time
         runs from its launch, or from the previous read if that came later (launched ahead), so the
         steps' times add up to the wall time."""
+        flops = step_flops(self.cfg, s["blocks"], self.a.vocab)  # host work while the GPU still runs the step
         s["stats"].tolist()
         now = time.perf_counter()
         step_s, self.last_read = now - max(s["t0"], self.last_read), now
-        return s["rows"], s["t_prep"] + s["span"].seconds(), step_s, s["t_prep"], s["t_launch"]
+        return s["rows"], s["t_prep"] + s["span"].seconds(), step_s, s["t_prep"], s["t_launch"], sum(flops.values()), flops
 
     def steps(self, first, count, region=None):
         """`count` steps from step `first`: with --prefetch each step's micro-batch prepared while the
@@ -190,6 +220,10 @@ class Bench:
                "prep_ms_max": 1e3 * max(r[3] for r in res),
                # the host's time queueing a step: near step_ms, the GPU waits for the host's launches
                "launch_ms_median": 1e3 * statistics.median(r[4] for r in res),
+               # useful teraFLOP a step (step_flops) and their rate over the forward + backward time
+               "tflop_step": sum(r[5] for r in res) / a.steps,
+               "tflop_step_parts": {k: round(sum(r[6][k] for r in res) / a.steps, 2) for k in res[0][6]},
+               "tflops_fwd_bwd": sum(r[5] for r in res) / sum(r[1] for r in res),
                "step_ms_spread": (max(r[1] for r in res) - min(r[1] for r in res)) / statistics.median(r[1] for r in res),
                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if self.dev == "cuda" else None}
         if a.repeats > 1:

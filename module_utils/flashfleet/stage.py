@@ -174,9 +174,13 @@ def safe_relpath(rel):
     return all(p not in ("", ".", "..") for p in parts)
 
 
+# s3://bucket/prefix with an S3 bucket name (3-63 lower-case letters, digits, dots and hyphens).
+S3_URL_RE = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?$")
+
+
 def parse_s3_url(url):
     """s3://bucket/prefix -> (bucket, prefix with a trailing slash or '')."""
-    m = re.match(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?$", url)
+    m = S3_URL_RE.match(url)
     if not m:
         raise ValueError(f"not an s3://bucket/prefix URL: {url}")
     prefix = (m.group(2) or "").strip("/")
@@ -837,6 +841,32 @@ def _disagree(host, src, errors):
                       + "; nothing was written", "fix the manifest (mode=manifest on a good copy) or the source")
 
 
+def setting_problems(concurrency, retries, free_margin_ratio, free_margin_bytes) -> list[tuple[str, str]]:
+    """(what, fix) for each staging setting that cannot work. The module refuses the first; the
+    dataset role's validation (its flashfleet_stage_setting_problems filter) lists them all before
+    any host is touched."""
+    problems = []
+    if not 1 <= concurrency <= 256:
+        problems.append((f"concurrency {concurrency} is outside 1-256", "set concurrency (dataset_concurrency) to 1-256"))
+    if retries < 1:
+        problems.append((f"retries {retries} is below 1", "set retries (dataset_retries) to 1 or more"))
+    if not 0 <= free_margin_ratio < 1:
+        problems.append((f"free_margin_ratio {free_margin_ratio} is outside [0, 1)",
+                         "set free_margin_ratio (dataset_model_shm_margin_ratio) to a fraction below 1"))
+    if free_margin_bytes < 0:
+        problems.append((f"free_margin_bytes {free_margin_bytes} is negative",
+                         "set free_margin_bytes (dataset_model_shm_min_free) to 0 or more"))
+    return problems
+
+
+def source_problem(src: str) -> str:
+    """'' when `src` is a source the dataset role stages from (s3://bucket/prefix, https://... or an
+    absolute controller path), else why not."""
+    if S3_URL_RE.match(src) or re.match(r"^https?://.+", src) or re.match(r"^/.+", src):
+        return ""
+    return f"src '{src}' is not s3://bucket/prefix (a lower-case bucket name), https://... or an absolute controller path"
+
+
 def _check_params(p, host):
     """Options that cannot work, refused before anything is read or written."""
     def bad(what, fix):  # named by the destination it would have written (nothing was)
@@ -847,16 +877,9 @@ def _check_params(p, host):
     for key in ("dest", "fallback_dest"):
         if p[key] and not os.path.isabs(p[key]):
             raise bad(f"{key} {p[key]!r} is not an absolute path", f"give {key} as an absolute path")
-    if not 1 <= p["concurrency"] <= 256:
-        raise bad(f"concurrency {p['concurrency']} is outside 1-256", "set concurrency (dataset_concurrency) to 1-256")
-    if p["retries"] < 1:
-        raise bad(f"retries {p['retries']} is below 1", "set retries (dataset_retries) to 1 or more")
-    if not 0 <= p["free_margin_ratio"] < 1:
-        raise bad(f"free_margin_ratio {p['free_margin_ratio']} is outside [0, 1)",
-                  "set free_margin_ratio (dataset_model_shm_margin_ratio) to a fraction below 1")
-    if p["free_margin_bytes"] < 0:
-        raise bad(f"free_margin_bytes {p['free_margin_bytes']} is negative",
-                  "set free_margin_bytes (dataset_model_shm_min_free) to 0 or more")
+    problems = setting_problems(p["concurrency"], p["retries"], p["free_margin_ratio"], p["free_margin_bytes"])
+    if problems:
+        raise bad(*problems[0])
 
 
 def execute(p: dict, check_mode: bool = False, warn=lambda msg: None) -> dict:

@@ -1,0 +1,143 @@
+"""The command line (flashfleet-classify, python -m flashfleet.classify) and the cross-host
+views the role's filters use: the verdict table and which host went first."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from . import __doc__ as USAGE
+from .signatures import VERDICT_ACTIONS
+from .verdict import classify
+
+
+def _evidence_files(args: list[str]) -> list[Path]:
+    files = []
+    for arg in args:
+        p = Path(arg)
+        if p.is_dir():
+            files.extend(sorted(p.glob("*/evidence.json")) or sorted(p.glob("evidence.json")))
+        else:
+            files.append(p)
+    return files
+
+
+# Verdicts that are not a failure: a run that was fine, or never ran, did not "go first".
+# peer-failure is a failure, but never the first: the host says another one went before it.
+NOT_FAILURES = {"running", "completed", "not-started", "stopped", "unreachable", "no-evidence", "unknown",
+                "peer-failure"}
+
+
+def first_failure(rows: list[dict]) -> dict | None:
+    """The host whose run died first, by its unit's exit time: in a multi-node run the others
+    usually fail because that one did (a collective or rendezvous error). A host whose unit has
+    already been restarted counts with the death before it. Host clocks must agree (NTP); None
+    when no host failed with a known exit time."""
+    deaths = []
+    for r in rows:
+        prev = r.get("previous") or {}
+        if r.get("verdict") not in NOT_FAILURES and r.get("ended_at") is not None:
+            deaths.append((r["ended_at"], r.get("host"), r.get("verdict")))
+        elif prev.get("verdict") not in NOT_FAILURES and prev.get("ended_at") is not None:
+            deaths.append((prev["ended_at"], r.get("host"), prev.get("verdict")))
+    if not deaths:
+        return None
+    ended_at, host, verdict = min(deaths, key=lambda d: d[0])
+    return {"host": host, "verdict": verdict, "ended_at": ended_at}
+
+
+def table(rows: list[dict]) -> str:
+    head = ("host", "verdict", "action", "step", "newest checkpoint", "reason")
+    data = [(str(r.get("host") or "?"), str(r.get("verdict")),
+             str(r.get("action") or VERDICT_ACTIONS.get(str(r.get("verdict")), "-")),
+             str(r.get("step") if r.get("step") is not None else "-"),
+             str(r.get("newest_checkpoint") or "-"), str(r.get("reason") or "")[:160]) for r in rows]
+    widths = [max(len(h), *(len(d[i]) for d in data)) if data else len(h) for i, h in enumerate(head)]
+    widths[-1] = len(head[-1])
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    out += ["  ".join(c.ljust(w) for c, w in zip(d, widths, strict=True)).rstrip() for d in data]
+    return "\n".join(out)
+
+
+# The evidence document's shape (flashfleet.evidence.gather): the JSON type of each field the
+# classifier reads, where present and not null ("[]": each item of the list).
+EVIDENCE_SHAPE = {
+    "run": str, "unit": str, "host": str, "collected_at": (int, float), "unit_props": dict,
+    "unit_props.properties": dict, "journal": dict, "journal.entries": list, "journal.entries[]": dict,
+    "kernel": dict, "kernel.entries": list, "kernel.entries[]": dict, "status": dict, "status.data": dict,
+    "checkpoints": dict, "checkpoints.newest": dict, "metrics": dict, "metrics.last": dict, "gpu": dict,
+    "gpu.gpus": list, "venv": dict, "venv.drift": list, "venv.drift[]": dict, "cgroup": dict,
+    "cgroup.own": list, "disk": dict, "config": dict, "deaths": dict, "deaths.records": list,
+    "servers": dict, "servers.units": list, "servers.units[]": dict,
+}
+JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
+
+
+def shape_problem(evidence: dict) -> str | None:
+    """The first field of `evidence` of the wrong JSON type, as 'field is X, not Y'; None if none."""
+    for path, want in EVIDENCE_SHAPE.items():
+        node, items = evidence, path.endswith("[]")
+        for key in path.removesuffix("[]").split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        values = list(enumerate(node)) if items and isinstance(node, list) else [(None, node)]
+        for i, v in values:
+            if v is not None and not isinstance(v, want) or isinstance(v, bool):
+                name = path.replace("[]", f"[{i}]")
+                got = "a boolean" if isinstance(v, bool) else JSON_NAMES.get(type(v), type(v).__name__)
+                wanted = JSON_NAMES[want[0] if isinstance(want, tuple) else want]
+                return f"{name} is {got}, not {wanted}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
+    argv = [a for a in argv if a != "--json"]
+    if not argv or "-h" in argv or "--help" in argv:
+        print(USAGE.strip())
+        return 0 if argv else 2
+    for arg in argv:
+        if Path(arg).is_dir() and not _evidence_files([arg]):
+            print(f"{arg}: no evidence.json there or in its host directories (fix: run diagnose.yml or "
+                  "collect.yml for the run first, then pass runs/<run> or a host's evidence.json)", file=sys.stderr)
+            return 2
+    results = []
+    for path in _evidence_files(argv):
+        try:
+            evidence = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"{path}: cannot read evidence: {exc}", file=sys.stderr)
+            return 1
+        if not isinstance(evidence, dict):
+            print(f"{path}: not evidence: a JSON {type(evidence).__name__}, not an object (fix: collect it "
+                  "again with diagnose.yml or collect.yml)", file=sys.stderr)
+            return 1
+        problem = shape_problem(evidence)
+        if problem:
+            print(f"{path}: not evidence: {problem} (fix: collect it again with diagnose.yml or collect.yml; "
+                  "an edited file must keep the shape flashfleet_evidence writes)", file=sys.stderr)
+            return 1
+        result = classify(evidence)
+        if not result.get("host"):
+            result["host"] = path.parent.name
+        results.append(result)
+    if as_json:
+        print(json.dumps(results if len(results) != 1 else results[0], indent=2, sort_keys=True))
+    else:
+        print(table(results))
+        first = first_failure(results) if len(results) > 1 else None
+        if first:
+            print(f"\nwent first: {first['host']} ({first['verdict']})")
+        for r in results:
+            print(f"\n[{r['host']}] {r['verdict']}: {r['reason']}")
+            for line in r.get("evidence") or []:
+                print(f"    {line}")
+            if r.get("next_step"):
+                print(f"  next: {r['next_step']}")
+            if r.get("action"):
+                print(f"  action: {r['action']}")
+            for w in r.get("warnings") or []:
+                print(f"  warning: {w}")
+    return 0
+

@@ -1,4 +1,4 @@
-"""Filters that put the classifier (flashfleet.classify, module_utils/flashfleet/classify.py) into Jinja.
+"""Filters that put the classifier (flashfleet.classify, module_utils/flashfleet/classify/) into Jinja.
 
 The classifier is part of the installed project (`pip install -e .` in the controller's venv),
 which also gives it the `flashfleet-classify` command for offline use.

@@ -1,36 +1,9 @@
 """Turn one host's evidence (the JSON the flashfleet_evidence module gathers, flashfleet.evidence)
-into a verdict.
+into a verdict: `classify(evidence)`. Standard library only, no Ansible import. The command line
+(flashfleet-classify, `python -m flashfleet.classify`) and its usage are cli.py's; how a verdict is
+decided is docs/diagnosis.md ("Verdicts and how they are decided"), which rules.RULES follows."""
 
-Standard library only, no Ansible import: the role's filter plugin imports it on the controller
-(`from flashfleet import classify`), and a user runs it offline on evidence that diagnose.yml or
-collect.yml brought home:
-
-    flashfleet-classify runs/v2/gpu01/evidence.json
-    flashfleet-classify runs/v2                        # every host
-    flashfleet-classify --json runs/v2/gpu01/evidence.json
-
-(`python -m flashfleet.classify ...` is the same without the console script.)
-
-Rules (see docs/diagnosis.md): one verdict per host, the most specific one the evidence proves,
-with the lines that prove it, a next step (a sentence) and an action (machine-readable, ACTIONS).
-Every source of the evidence is read: systemd's record and messages, the trainer's output (whole
-multi-line exceptions, native aborts), the kernel log (OOM kills, every Xid, the other NVRM lines,
-segfault/trap lines naming the faulting library), nvidia-smi's output and the venv drift.
-- A hardware Xid in the invocation's window outranks the crash it caused; with several, the first
-  is the root and the others are listed.
-- A kernel OOM line naming the run's cgroup or one of its pids outranks a bare SIGKILL.
-- Host, driver and toolchain findings (driver/library mismatch, a driver too old for the CUDA
-  runtime, NVML errors, missing compiler or Python headers) come before blaming the run's
-  configuration (exit 78) or a crash that is only their symptom.
-- A death before READY is `init-crash`, whatever its cause; the cause is named in `cause`.
-  systemd's own start outcomes (`start-limit-hit`, `start-timeout`, `exec-failed`) are verdicts
-  of their own.
-- SIGKILL with an unreadable kernel log is `killed-by-signal`, "kernel log unreadable, OOM not
-  ruled out".
-- When nothing proves a cause: `unknown`, with the evidence.
-"""
-
-# The package, one module per concern (docs/diagnosis.md, "How the classifier is built"):
+# The package, one module per concern (docs/diagnosis.md has the same table):
 #   signatures  the knowledge as data: verdicts, actions, the Xid catalog, every signature table
 #   journal     reader: the unit's record and journal, cut into invocations
 #   kernel      reader: the kernel log (OOM kills, Xids, NVRM, filesystems, AER, segfaults), cgroups

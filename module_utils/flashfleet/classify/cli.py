@@ -1,5 +1,37 @@
-"""The command line (flashfleet-classify, python -m flashfleet.classify) and the cross-host
-views the role's filters use: the verdict table and which host went first."""
+"""Turn one host's evidence (the JSON the flashfleet_evidence module gathers, flashfleet.evidence)
+into a verdict.
+
+Standard library only, no Ansible import: the role's filter plugin imports it on the controller
+(`from flashfleet import classify`), and a user runs it offline on evidence that diagnose.yml or
+collect.yml brought home:
+
+    flashfleet-classify runs/v2/gpu01/evidence.json
+    flashfleet-classify runs/v2                        # every host
+    flashfleet-classify --json runs/v2/gpu01/evidence.json
+
+(`python -m flashfleet.classify ...` is the same without the console script.)
+
+Rules (see docs/diagnosis.md): one verdict per host, the most specific one the evidence proves,
+with the lines that prove it, a next step (a sentence) and an action (machine-readable, ACTIONS).
+Every source of the evidence is read: systemd's record and messages, the trainer's output (whole
+multi-line exceptions, native aborts), the kernel log (OOM kills, every Xid, the other NVRM lines,
+segfault/trap lines naming the faulting library), nvidia-smi's output and the venv drift.
+- A hardware Xid in the invocation's window outranks the crash it caused; with several, the first
+  is the root and the others are listed.
+- A kernel OOM line naming the run's cgroup or one of its pids outranks a bare SIGKILL.
+- Host, driver and toolchain findings (driver/library mismatch, a driver too old for the CUDA
+  runtime, NVML errors, missing compiler or Python headers) come before blaming the run's
+  configuration (exit 78) or a crash that is only their symptom.
+- A death before READY is `init-crash`, whatever its cause; the cause is named in `cause`.
+  systemd's own start outcomes (`start-limit-hit`, `start-timeout`, `exec-failed`) are verdicts
+  of their own.
+- SIGKILL with an unreadable kernel log is `killed-by-signal`, "kernel log unreadable, OOM not
+  ruled out".
+- When nothing proves a cause: `unknown`, with the evidence.
+"""
+
+# The command line (this docstring is its --help) and the cross-host views the role's filters use:
+# the verdict table and which host went first.
 
 from __future__ import annotations
 
@@ -7,7 +39,6 @@ import json
 import sys
 from pathlib import Path
 
-from . import __doc__ as USAGE
 from .signatures import VERDICT_ACTIONS
 from .verdict import classify
 
@@ -95,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     as_json = "--json" in argv
     argv = [a for a in argv if a != "--json"]
     if not argv or "-h" in argv or "--help" in argv:
-        print(USAGE.strip())
+        print(__doc__.strip())
         return 0 if argv else 2
     for arg in argv:
         if Path(arg).is_dir() and not _evidence_files([arg]):

@@ -74,11 +74,17 @@ def test_cached_sampling_equals_uncached_at_every_acceptance_length(setup, layer
     assert lengths == set(range(1, BLOCK + 1)), lengths  # every crop depth, and the all-accepted bonus
 
 
-def test_a_target_without_a_croppable_cache_runs_uncached():
+def test_a_hybrid_target_whose_linear_layers_are_not_known_runs_uncached():
+    """Hybrid targets run cached (test_eval_hybrid_cache.py) when each linear layer is a decoder
+    layer with a `linear_attn` mixer; one laid out otherwise falls back to the oracle."""
     from transformers import Qwen3_5TextConfig
 
     hybrid = Qwen3_5TextConfig(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"])
-    assert not CachedSession.supported(SimpleNamespace(config=hybrid))
+    decoder = SimpleNamespace(layers=[SimpleNamespace(mixer=None) for _ in range(4)])
+    producer = SimpleNamespace(config=hybrid, replicas=[("cpu", SimpleNamespace(get_decoder=lambda: decoder))])
+    assert not CachedSession.supported(producer)
+    decoder.layers[:3] = [SimpleNamespace(linear_attn=None) for _ in range(3)]
+    assert CachedSession.supported(producer)
 
 
 def test_dflash_eval_no_cache_prints_the_same(trainer_tiny, capsys):

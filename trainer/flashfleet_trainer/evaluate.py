@@ -20,10 +20,21 @@ cache back to the committed length after acceptance. The drafter's context featu
 all its layers and no layer updates it, so each layer's K/V of a context position depends on the
 target's features alone: they are computed once per committed position (`DFlashDrafter.context_kv`)
 and extended each cycle. So a cycle runs the target and the drafter on B positions whatever the
-context length (attention still reads the cached keys, as in any cached decoder). A target whose
-cache cannot be cropped (the recurrent state of Qwen3.5/3.6's Gated-DeltaNet layers) runs
-uncached. The uncached path re-runs the whole sequence each cycle; tests hold the cached one to
-its greedy outputs and cycle counts exactly.
+context length (attention still reads the cached keys, as in any cached decoder).
+
+Hybrid targets (Qwen3.5/3.6, Qwen3-Next: Gated-DeltaNet linear attention beside full attention)
+run cached too, though a linear layer's recurrent and short-convolution state cannot be cropped:
+`hybrid_cache.LinearStates` copies those states before the verify pass (the state at the
+committed position), records each linear layer's mixer input during it, and after acceptance puts
+the copy back and re-runs only the linear layers' mixers over the committed tokens' recorded
+inputs (nothing when the whole block is accepted); the full-attention layers' keys and values are
+cropped as above. So a rejected draft never reaches the kept state, and a cycle costs one target
+pass over B positions plus the linear mixers over the accepted ones. A hybrid whose layers are not
+laid out as transformers' Qwen3.5 ones (`hybrid_cache.supports`) runs uncached.
+
+The uncached path (`--no-cache`, the oracle) re-runs the whole sequence each cycle; tests hold the
+cached one to its drafts, outputs, acceptance counts and cycle counts exactly, on the tiny Qwen3
+and the tiny hybrid target, greedy and sampled.
 
 Prompt sets (`load_prompt_sets`): JSONL, one prompt per line, `{"set": NAME, "input_ids": [...]}`
 or `{"set": NAME, "messages": [{"role": ..., "content": ...}, ...]}` (rendered with the target's
@@ -43,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from flashfleet.contract import layout
 
+from . import hybrid_cache
 from .data import Blocks
 from .loss import IGNORE
 from .model import (
@@ -191,14 +203,17 @@ class CachedSession(UncachedSession):
         super().__init__(producer, drafter, mask_id)
         self.dev = producer.embed_weight.device
         self.windows = layer_windows(drafter.config)
-        self.cache = self.ctx_kv = None
+        self.cache = self.ctx_kv = self.linear = None
         self.n = 0  # committed positions in both caches (= the next anchor's position)
 
     @staticmethod
     def supported(producer) -> bool:
-        """Whether the target's cache can be cropped back after a rejection (not a recurrent one)."""
+        """Whether the target's cache can be put back at the committed position after a rejection:
+        cropped (attention only), or a hybrid whose linear-attention state `hybrid_cache` keeps."""
         from transformers import DynamicCache
 
+        if hybrid_cache.linear_layer_ids(producer.config):
+            return hybrid_cache.supports(producer.config, producer.replicas[0][1].get_decoder())
         return bool(getattr(DynamicCache(config=producer.config), "is_croppable", True))
 
     def _extend_context(self, feats, start):
@@ -212,7 +227,10 @@ class CachedSession(UncachedSession):
         from transformers import DynamicCache
 
         self.cache, self.ctx_kv, self.n = DynamicCache(config=self.producer.config), None, len(prompt)
-        feats, last = self.producer.forward(torch.tensor([list(prompt)]), past_key_values=self.cache)
+        self.linear = (hybrid_cache.LinearStates(self.producer.replicas[0][1].get_decoder(), self.producer.config,
+                                                 self.cache)
+                       if hybrid_cache.linear_layer_ids(self.producer.config) else None)
+        feats, last = self.producer.forward(torch.tensor([list(prompt)]), replica=0, past_key_values=self.cache)
         self._extend_context(feats[0], 0)
         return self._logits(last[0, -1])
 
@@ -231,13 +249,23 @@ class CachedSession(UncachedSession):
         return hidden[1:] @ self.producer.lm_head_weight.t().to(hidden.dtype)
 
     def verify(self, anchor_token, drafts):
-        self.feats, last = self.producer.forward(torch.tensor([[anchor_token, *drafts]]), past_key_values=self.cache)
+        ids = torch.tensor([[anchor_token, *drafts]])
+        if self.linear is None:
+            self.feats, last = self.producer.forward(ids, replica=0, past_key_values=self.cache)
+        else:  # the linear layers' state at the committed position, and their inputs over the block
+            self.linear.snapshot()
+            with self.linear.capture():
+                self.feats, last = self.producer.forward(ids, replica=0, past_key_values=self.cache)
         return self._logits(last[0])
 
     def commit(self, n):
         rejected = self.cache.get_seq_length() - (self.n + n)
-        if rejected > 0:  # a negative crop removes that many (transformers 5.x; crop(0) is not a no-op everywhere)
-            self.cache.crop(-rejected)
+        if self.linear is None:
+            if rejected > 0:  # a negative crop removes that many (transformers 5.x; crop(0) is not a no-op everywhere)
+                self.cache.crop(-rejected)
+        else:
+            hybrid_cache.crop_attention(self.cache, rejected)
+            self.linear.advance(n)
         self._extend_context(self.feats[0, :n], self.n)
         self.n += n
 
@@ -255,7 +283,7 @@ def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, m
     """tau over prompts: `tau_pooled` (= `tau`), `tau_prompt_mean`, `accept_rate`, counts, and
     `per_prompt` (each prompt's tau). prompts: a list of token id lists, or {set name: such a
     list}, which adds `sets` {name: the same figures for that set}. cache=False runs the
-    uncached oracle (also the only path for a target whose cache cannot be cropped). Sampling
+    uncached oracle (also the path for a target `CachedSession.supported` refuses). Sampling
     draws from one generator seeded with `seed`. With a list `trace`, one dict per prompt is
     appended: `drafts` (each cycle's B-1 proposals), `committed` (tokens per cycle, bonus
     included) and `output` (the generated tokens, the target's first token included)."""

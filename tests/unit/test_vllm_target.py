@@ -291,8 +291,9 @@ def test_a_killed_server_ends_the_run_clearly_and_the_restart_resumes(servers, a
 
 
 def test_a_final_evaluation_that_cannot_fit_beside_the_drafter_is_refused_at_check(trainer_argv, capsys, monkeypatch):
-    """A target served by vLLM because it fits no GPU would be loaded whole for the final tau: refused
-    (78) with the way out, here with a 48 GB card that the tiny target is made to outgrow."""
+    """A target served by vLLM because it fits no GPU would be loaded whole for the final tau, and for
+    each interval one: refused (78) with the way out, here with a 48 GB card that the tiny target is
+    made to outgrow."""
     import types
 
     import flashfleet_trainer.preflight as pf
@@ -306,6 +307,8 @@ def test_a_final_evaluation_that_cannot_fit_beside_the_drafter_is_refused_at_che
     monkeypatch.setattr(pf, "target_weights", lambda d: types.SimpleNamespace(
         params=26e9, nbytes=52e9, wrapped=False, skipped=0, shapes=real(d).shapes))  # a 26B target's headers
     argv = trainer_argv("--target-servers", "http://127.0.0.1:8100", "--drafter-gpus", "0", "--check")
-    assert main([*argv, "--eval-num-prompts", "4"]) == EX_CONFIG
-    assert "pass --eval-num-prompts 0" in capsys.readouterr().err
-    assert main([*argv, "--eval-num-prompts", "0"]) == 0
+    assert main([*argv, "--eval-num-prompts", "4", "--eval-interval", "0"]) == EX_CONFIG
+    assert "pass --eval-num-prompts 0 --eval-interval 0" in capsys.readouterr().err
+    assert main([*argv, "--eval-num-prompts", "0", "--eval-interval", "100"]) == EX_CONFIG
+    assert "--eval-interval 100 with --target-servers: the evaluations would load" in capsys.readouterr().err
+    assert main([*argv, "--eval-num-prompts", "0", "--eval-interval", "0"]) == 0

@@ -17,6 +17,8 @@ QueueFeed: the target workers are other processes of the node (topology.py); the
 With --drafter-serves-target the rank also holds a replica of its own (`local`): whenever no answer
 has come back, it takes the node's next request off the queue and serves it on its own device,
 instead of waiting (a target-bound split's drafter GPU otherwise idles most of each step).
+A rank without a replica hands its interval evaluations to the replicas the same way
+(QueueFeed.submit_eval, an EvalRequest; the record comes back through eval_results).
 """
 
 import queue

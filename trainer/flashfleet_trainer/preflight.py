@@ -651,15 +651,18 @@ def preflight(args) -> Plan:
                               f"{free / 2**30:.1f} GiB is free", f"use more/larger GPUs or fewer draft layers{serving}")
     summary.append(f"memory estimate: target {params / 1e6:.1f}M params, drafter ~{drafter_params / 1e6:.1f}M "
                    "trainable; fits free memory (activations not counted)")
-    if args.target_servers and args.eval_num_prompts > 0:  # the final evaluation borrows a replica (trainer.evaluate)
+    # With servers, the final and the interval evaluations borrow a replica (trainer.Trainer.evaluate)
+    evals = [f"--eval-num-prompts {args.eval_num_prompts}"] if args.eval_num_prompts > 0 else []
+    evals += [f"--eval-interval {args.eval_interval}"] if args.eval_interval > 0 else []
+    if args.target_servers and evals:
         for d in dict.fromkeys(d for d in drafter_devices if d != "cpu"):
             total = torch.cuda.get_device_properties(int(d.split(":")[1])).total_memory
             if replica + drafter_params * 16 > total:
-                raise ConfigError(f"--eval-num-prompts {args.eval_num_prompts} with --target-servers: the final "
-                                  f"evaluation would load the whole target (~{replica / 2**30:.1f} GiB in bf16) beside "
+                raise ConfigError(f"{' and '.join(evals)} with --target-servers: the evaluations "
+                                  f"would load the whole target (~{replica / 2**30:.1f} GiB in bf16) beside "
                                   f"the drafter on {d} ({total / 2**30:.1f} GiB)",
-                                  "pass --eval-num-prompts 0 and measure tau by serving the export with vLLM "
-                                  "(docs/export.md)")
+                                  "pass --eval-num-prompts 0 --eval-interval 0 and measure tau by serving the "
+                                  "export with vLLM (docs/export.md)")
 
     settings = wandb_compat.parse_settings(args.wandb_settings)
     summary.append(wandb_compat.check(args.wandb_project, args.wandb_run_name, settings))

@@ -15,6 +15,13 @@ With --drafter-serves-target each drafter rank also loads a replica on its own d
 requests off the same queue whenever it would otherwise wait (feed.QueueFeed): in a target-bound
 split (the incident's 7 + 1) the drafter's GPU then runs the target in the time it sat idle.
 
+Interval evaluations (--eval-interval) go the same way: rank 0, holding no replica, puts a
+feed.EvalRequest (the drafter's config and a copy of its weights) on the request queue; the target
+worker that takes it evaluates on its own replica and answers on rank 0's reply queue, while the
+drafter ranks train on (docs/trainer.md gives the measurement). At the end each rank takes the
+answers still outstanding and the ranks meet in a barrier, so nothing left on a queue refers to
+the memory of a process that has gone.
+
 Failure. Children die with the main process (PR_SET_PDEATHSIG). The main process waits on all
 children's sentinels: a target or drafter that exits before the drafters finished takes the run
 down at once (every child killed, one line naming the worker, its pid and its exit; exit 1;

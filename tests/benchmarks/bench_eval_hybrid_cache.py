@@ -12,7 +12,8 @@ timed: the cached session puts each linear layer's state back and re-runs its mi
 committed tokens (none when the whole block is accepted), the uncached one re-runs the whole
 sequence through the target and the whole context through the drafter. The figure is seconds per
 cycle, the mean over --cycles timed cycles after one warm-up cycle, per context length, both modes
-in the same process one after the other, and their ratio. Prefill is not timed.
+in the same process one after the other, and their ratio. Prefill is not timed. --tiny: the same
+at dflash-tiny's hybrid shape (a CPU figure in seconds).
 """
 
 import argparse
@@ -55,6 +56,8 @@ def main() -> None:
     ap.add_argument("--shape", choices=[s for s, kw in SHAPES.items() if "linear_num_key_heads" in kw],
                     default="qwen3.6-27b")
     ap.add_argument("--layers", type=int, default=None, help="target layers (default: the shape's)")
+    ap.add_argument("--tiny", action="store_true", help="instead of --shape: dflash-tiny's hybrid target shape "
+                    "(hidden 128, --layers or 4, vocabulary 256), random weights")
     ap.add_argument("--contexts", default="512,2048", help="prompt lengths, comma-separated")
     ap.add_argument("--cycles", type=int, default=8)
     ap.add_argument("--accepted", default="0,3,7,15", help="accepted drafts per cycle, cycled through")
@@ -71,7 +74,13 @@ def main() -> None:
     dtype = torch.float32 if a.device == "cpu" else torch.bfloat16
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    target, text = build_target(a.shape, a.layers, a.device, dtype)
+    if a.tiny:
+        from flashfleet_trainer.tiny import make_hybrid_target
+
+        target = make_hybrid_target(256, 128, a.layers or 4, seed=0)[0].to(a.device, dtype).eval()
+        text = target.config
+    else:
+        target, text = build_target(a.shape, a.layers, a.device, dtype)
     layers = default_target_layers(text.num_hidden_layers, a.draft_layers)
     producer = HiddenStateProducer(None, [], layers, a.device, replicas=[(a.device, target)])
     cfg = DrafterConfig.from_target(text, num_draft_layers=a.draft_layers, target_layer_ids=layers,
@@ -83,7 +92,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1)
     sessions = {"uncached": UncachedSession, "cached": CachedSession}
     for ctx in (int(c) for c in a.contexts.split(",")):
-        prompt = torch.randint(1, 151_000, (ctx,), generator=gen).tolist()
+        prompt = torch.randint(1, min(151_000, text.vocab_size - 1), (ctx,), generator=gen).tolist()
         row = {"context": ctx}
         for mode in a.modes.split(","):
             with torch.no_grad():
@@ -93,7 +102,7 @@ def main() -> None:
         if "uncached_s_per_cycle" in row and "cached_s_per_cycle" in row:
             row["uncached_over_cached"] = round(row["uncached_s_per_cycle"] / row["cached_s_per_cycle"], 2)
         print(json.dumps(row), flush=True)
-    print(json.dumps({"shape": a.shape, "layers": text.num_hidden_layers, "params_b": round(
+    print(json.dumps({"shape": "tiny" if a.tiny else a.shape, "layers": text.num_hidden_layers, "params_b": round(
         sum(p.numel() for p in target.parameters()) / 1e9, 2), "draft_layers": a.draft_layers,
         "block_size": a.block_size, "accepted": accepted, "cycles": a.cycles, "device": a.device,
         "gpu": torch.cuda.get_device_name() if a.device.startswith("cuda") else platform.machine(),

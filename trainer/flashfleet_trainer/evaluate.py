@@ -48,6 +48,7 @@ drafter of the same format) the same way.
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -315,6 +316,37 @@ def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, m
     res = {**_summary(total, per_prompt, block_size, sampling), "cached": cached, "per_prompt": per_prompt}
     if isinstance(prompts, dict):
         res["sets"] = by_set
+    return res
+
+
+# ---- evaluation, wherever the replica is -----------------------------------------------------
+
+def eval_wanted(args, n) -> bool:
+    """Whether an evaluation of n prompts per set has prompts to run."""
+    return n > 0 and Path(run_prompts_path(args.eval_prompts, args.data_dir)).is_file()
+
+
+def evaluate_drafter(args, producer, drafter, n, kind) -> dict:
+    """tau of `drafter` against the replica `producer` on the first n held-out prompts of each set:
+    evaluate.speculative_tau's figures (without per_prompt), `eval` = kind and `eval_s`. Run by a
+    drafter rank (trainer.Trainer.evaluate), or by a target worker for one (worker_eval)."""
+    t0 = time.perf_counter()
+    sets = load_prompt_sets(run_prompts_path(args.eval_prompts, args.data_dir), n)
+    res = speculative_tau(producer, drafter, sets if len(sets) > 1 else next(iter(sets.values())),
+                          args.block_size, args.eval_max_new_tokens,
+                          sampling=Sampling(getattr(args, "eval_temperature", 0.0)), seed=args.seed)
+    res.pop("per_prompt")
+    return {**res, "eval": kind, "eval_s": time.perf_counter() - t0}
+
+
+def worker_eval(args, producer, device, request) -> dict:
+    """A target worker's side of feed.EvalRequest: the drafter rebuilt on the worker's device from
+    the request's config and weights (copied off the sender's memory at once), evaluated on this
+    worker's replica with the interval evaluation's prompts."""
+    drafter = DFlashDrafter(DrafterConfig.from_dict(request.config)).to(device)
+    drafter.load_state_dict(request.weights)
+    res = evaluate_drafter(args, producer, drafter, args.eval_interval_prompts, "interval")
+    del drafter
     return res
 
 

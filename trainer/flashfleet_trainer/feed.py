@@ -28,6 +28,7 @@ from typing import Protocol
 
 import torch
 
+from .evaluate import worker_eval
 from .model import HiddenStateProducer
 
 
@@ -99,8 +100,6 @@ def answer(producer, device, request, want_last, by_drafter, args=None):
     the reply in QueueFeed's format, its seconds those of the target alone. An EvalRequest is
     evaluated on this replica instead (needs the run's `args`): (drafter, (EVAL, step, record))."""
     if isinstance(request, EvalRequest):
-        from .trainer import worker_eval
-
         return request.drafter, (EVAL, request.step, worker_eval(args, producer, device, request))
     drafter, key, ids, lengths = request
     t0 = time.perf_counter()

@@ -36,7 +36,7 @@ from . import checkpoint as ckpt
 from . import wandb_compat
 from .config import ConfigError, NonFiniteLoss
 from .data import Blocks, build_blocks, load_data, pack_epoch, sample_anchors
-from .evaluate import load_prompt_sets, run_prompts_path, speculative_tau
+from .evaluate import eval_wanted, evaluate_drafter
 from .feed import Feed, InProcessFeed, wants_final_state
 from .loadwatch import LoadWatch
 from .loss import IGNORE, acceptance_proxy, drafter_loss, get_loss_fn
@@ -55,7 +55,6 @@ from .model import (
 from .notify import Notifier
 from .optim import adamw, clipped_step
 from .preflight import Plan
-from .sampling import Sampling
 from .vllm_target import VllmFeed
 
 # ---- schedules -----------------------------------------------------------------------------------
@@ -205,37 +204,6 @@ def shift_labels_late(blocks) -> torch.Tensor:
     out = lab.clone()
     out[:, 1:] = torch.where((lab[:, 1:] == IGNORE) | (early == IGNORE), IGNORE, early)
     return out
-
-
-# ---- evaluation, wherever the replica is -----------------------------------------------------
-
-def eval_wanted(args, n) -> bool:
-    """Whether an evaluation of n prompts per set has prompts to run."""
-    return n > 0 and Path(run_prompts_path(args.eval_prompts, args.data_dir)).is_file()
-
-
-def evaluate_drafter(args, producer, drafter, n, kind) -> dict:
-    """tau of `drafter` against the replica `producer` on the first n held-out prompts of each set:
-    evaluate.speculative_tau's figures (without per_prompt), `eval` = kind and `eval_s`. Run by a
-    drafter rank, or by a target worker for one (topology.target_worker)."""
-    t0 = time.perf_counter()
-    sets = load_prompt_sets(run_prompts_path(args.eval_prompts, args.data_dir), n)
-    res = speculative_tau(producer, drafter, sets if len(sets) > 1 else next(iter(sets.values())),
-                          args.block_size, args.eval_max_new_tokens,
-                          sampling=Sampling(getattr(args, "eval_temperature", 0.0)), seed=args.seed)
-    res.pop("per_prompt")
-    return {**res, "eval": kind, "eval_s": time.perf_counter() - t0}
-
-
-def worker_eval(args, producer, device, request) -> dict:
-    """A target worker's side of feed.EvalRequest: the drafter rebuilt on the worker's device from
-    the request's config and weights (copied off the sender's memory at once), evaluated on this
-    worker's replica with the interval evaluation's prompts."""
-    drafter = DFlashDrafter(DrafterConfig.from_dict(request.config)).to(device)
-    drafter.load_state_dict(request.weights)
-    res = evaluate_drafter(args, producer, drafter, args.eval_interval_prompts, "interval")
-    del drafter
-    return res
 
 
 # ---- one drafter rank ------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import re
 import pytest
 from flashfleet import classify as fc
 from flashfleet.classify import rules
+from flashfleet.classify.output import hint_action
 
 from tests.conftest import ROOT
 from tests.fixtures.evidence import captures
@@ -44,6 +45,8 @@ def without_kernel_oom(name: str) -> dict:
 CASES = [
     ("clean_exit", "handbuilt/stopped.json", "stopped", "recorded/killed-by-signal-sigkill.json"),
     ("clean_exit", "recorded/completed-short.json", "completed", "handbuilt/crash.json"),
+    ("clean_exit", "recorded/stopped-outside-sigterm.json", "stopped", "recorded/killed-by-signal-sigkill.json"),
+    ("clean_exit", "recorded/killed-by-signal-outside-sighup.json", "killed-by-signal", "handbuilt/crash.json"),
     ("hardware_xid", "handbuilt/gpu-xid-79.json", "gpu-xid-79", "handbuilt/crash-app-xid-13.json"),
     ("hardware_xid", "captures:xid-48-then-63", "gpu-xid-48", "handbuilt/crash.json"),
     ("kernel_oom_kill", "recorded/cgroup-oom-kill-container-limit.json", "cgroup-oom-kill",
@@ -73,6 +76,7 @@ CASES = [
     ("outside_signal", "recorded/killed-by-signal-transient-unit.json", "killed-by-signal", "handbuilt/native-crash.json"),
     ("crash", "handbuilt/crash.json", "crash", "handbuilt/stopped.json"),
     ("crash", "recorded/init-crash-corrupt-model.json", "crash", "recorded/completed-short.json"),
+    ("crash", "recorded/init-crash-nproc-arrow-pool.json", "crash", "recorded/stopped-outside-sigterm.json"),
     ("unknown", "handbuilt/unknown.json", "unknown", None),
 ]
 
@@ -107,6 +111,77 @@ def test_rule_decides_its_evidence(name, own, verdict):
 def test_kind_of_finding_config_error():
     found = rules.config_error(fc.last_death(evidence("handbuilt/init-crash-config.json")))
     assert found.extra["kind"] == "config-error" and found.action == "fix-config"
+
+
+def with_stop_job(name: str) -> dict:
+    """The evidence with systemd's stop job logged before the invocation's clean end, as `systemctl stop` does."""
+    ev = copy.deepcopy(evidence(name))
+    entries = ev["journal"]["entries"]
+    end = max(i for i, e in enumerate(entries) if fc.message(e).endswith(": Deactivated successfully."))
+    stopping = dict(entries[end], MESSAGE=f"Stopping {entries[end]['UNIT']} - flashfleet DFlash training run...",
+                    MESSAGE_ID=fc.MID_STOPPING, JOB_TYPE="stop")
+    entries.insert(end, stopping)
+    return ev
+
+
+def test_clean_exit_says_whether_the_stop_came_through_systemd():
+    """A clean stop (status.json phase=stopped) with systemd's clean end and no stop job in the journal came
+    from outside systemd; with the stop job, or where the journal does not show the end, it is systemd's."""
+    outside = rules.clean_exit(fc.last_death(evidence("recorded/stopped-outside-sigterm.json")))
+    assert outside.verdict == "stopped" and "outside" in outside.reason and "does not restart" in outside.reason
+    assert "train.yml" in outside.next_step and "who sent the signal" in outside.next_step
+    asked = rules.clean_exit(fc.last_death(with_stop_job("recorded/stopped-outside-sigterm.json")))
+    assert asked.verdict == "stopped" and asked.reason == "stopped through systemd (clean exit)"
+    unread = copy.deepcopy(evidence("recorded/stopped-outside-sigterm.json"))
+    unread["journal"] = {"readable": False, "error": "no permission", "entries": []}
+    assert rules.clean_exit(fc.last_death(unread)).reason == "stopped through systemd (clean exit)"
+    assert rules.clean_exit(fc.last_death(evidence("handbuilt/stopped.json"))).reason == (
+        "stopped through systemd (clean exit)")
+
+
+def test_clean_exit_reads_a_clean_end_mid_training_as_a_signal_from_outside():
+    """Result=success, no stop job and status.json still training: a signal systemd counts as clean (SIGHUP,
+    SIGINT, SIGTERM, SIGPIPE) from outside, which Restart=on-failure does not restart; not under Restart=always,
+    not with a stop job, not without status.json."""
+    name = "recorded/killed-by-signal-outside-sighup.json"
+    found = rules.clean_exit(fc.last_death(evidence(name)))
+    assert found.verdict == "killed-by-signal" and "SIGHUP" in found.reason
+    assert "Restart=on-failure does not restart" in found.reason and "train.yml" in found.next_step
+    assert any("Deactivated successfully" in line for line in found.lines), found.lines
+    always = copy.deepcopy(evidence(name))
+    always["unit_props"]["properties"]["Restart"] = "always"
+    assert "does not restart" not in rules.clean_exit(fc.last_death(always)).reason
+    assert rules.clean_exit(fc.last_death(with_stop_job(name))).verdict == "stopped"
+    no_status = copy.deepcopy(evidence(name))
+    no_status["status"] = {"readable": False, "error": "missing", "data": None}
+    assert rules.clean_exit(fc.last_death(no_status)) is None
+    assert fc.classify(no_status)["verdict"] == "unknown"
+
+
+@pytest.mark.parametrize("line", [
+    "pyarrow.lib.ArrowException: Unknown error: Failed to launch worker thread: Resource temporarily unavailable",
+    "RuntimeError: can't start new thread",
+    "libgomp: Thread creation failed: Resource temporarily unavailable",
+    "OpenBLAS blas_thread_init: pthread_create failed for thread 1 of 8: Resource temporarily unavailable",
+    'thread \'main\' panicked: failed to spawn thread: Os { code: 11, kind: WouldBlock, message: "Resource '
+    'temporarily unavailable" }',
+    "could not create thread: EAGAIN",
+], ids=["pyarrow", "python", "libgomp", "openblas", "rust", "eagain"])
+def test_crash_reads_a_thread_that_could_not_start_as_the_task_limit(line):
+    hint, action = hint_action(line)
+    assert action == "fix-config" and "task limit" in hint and "LimitNPROC" in hint
+
+
+@pytest.mark.parametrize("line", [
+    "BlockingIOError: [Errno 11] Resource temporarily unavailable",
+    "zmq.error.Again: Resource temporarily unavailable",
+    "OSError: [Errno 11] Resource temporarily unavailable: '/dev/nvidia0'",
+    "starting thread pool with 8 workers",
+    'File "/usr/lib/python3.11/threading.py", line 957, in start',
+], ids=["blocking-io", "zmq-again", "device-eagain", "thread-pool-log", "threading-frame"])
+def test_crash_leaves_other_eagain_to_other_hints(line):
+    hint, _ = hint_action(line)
+    assert hint is None or "task limit" not in hint
 
 
 def documented_rules() -> list[str]:

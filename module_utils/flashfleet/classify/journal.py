@@ -10,6 +10,7 @@ from .signatures import (
     MID_FAILED,
     MID_STARTED,
     MID_STOPPING,
+    MID_SUCCESS,
     RE_MAIN_EXIT,
     RE_RESTART_COUNTER,
     RE_RESULT,
@@ -129,6 +130,8 @@ class Invocation:
         self.start_failed = False
         self.stopping = False
         self.stopping_line: str | None = None
+        self.deactivated_line: str | None = None  # "Deactivated successfully.": systemd's clean end (Result=success)
+        self.deactivated_ts: float | None = None
         self.watchdog_line: str | None = None
         self.oom_line: str | None = None
         self.start_limit_line: str | None = None
@@ -221,6 +224,9 @@ def _manager_event(inv: Invocation, entry: dict) -> None:
     if mid == MID_STOPPING or text.startswith("Stopping "):
         inv.stopping = True
         inv.stopping_line = text
+    if mid == MID_SUCCESS or text.endswith(": Deactivated successfully."):
+        inv.deactivated_line = text
+        inv.deactivated_ts = realtime(entry)
     if "Watchdog timeout" in text:
         inv.watchdog_line = text
     if "killed by the OOM killer" in text:

@@ -22,6 +22,7 @@ from .journal import (
     invocation_pids,
     is_manager_entry,
     jline,
+    journal_is_complete,
     message,
     realtime,
     status_time,
@@ -43,6 +44,7 @@ from .signatures import (
     CRASH_SIGNALS,
     EXEC_STEP_ACTIONS,
     GPU_ACTION_ORDER,
+    NEXT_OUTSIDE_CLEAN_EXIT,
     OOM_TIME_TIE_S,
     RE_CUDA_OOM,
     RE_DRIVER_LIB,
@@ -72,6 +74,23 @@ class Death:
         self.unit_names = {unit, unit.replace("-", "\\x2d")}
         self.ooms, self.xids = scan["ooms"], scan["xids"]
         self.kernel_readable = (evidence.get("kernel") or {}).get("readable", True)
+
+    @cached_property
+    def no_stop_job(self) -> bool:
+        """systemd's clean end of the invocation is in the journal (`Deactivated successfully.`) with
+        no stop job before it: no one asked systemd to stop the unit. Only where the journal holds the
+        invocation from its READY on (or whole), which is where a stop job would be."""
+        journal = self.evidence.get("journal") or {}
+        return (bool(self.inv.deactivated_line) and not self.inv.stopping and journal.get("readable", True)
+                and (self.inv.started or journal_is_complete(self.evidence)))
+
+    @cached_property
+    def not_restarted(self) -> str:
+        """What the unit's Restart= does with an end systemd counts as clean (Result=success)."""
+        restart = self.props.get("Restart") or "on-failure"
+        if restart in RESTARTS_ON_CLEAN_EXIT:
+            return ""
+        return f"Restart={restart} does not restart the unit: it stays down until started again"
 
     @cached_property
     def run_pids(self) -> set[str]:
@@ -136,14 +155,23 @@ class Death:
 
 
 def clean_exit(d: Death) -> Finding | None:
-    """A stop through systemd or a finished run (exit 0)."""
+    """An end systemd counts as clean (Result=success, exit 0): a stop through systemd or from outside
+    it, a finished run; or, its exit record gone, a signal systemd counts as clean sent from outside
+    while the run was still going. Restart=on-failure restarts none of them."""
     inv, facts, status, base = d.inv, d.facts, d.status, d.base
     phase = status.get("phase")
     if facts["result"] == "success" or (facts["code"] == "exited" and facts["status"] == 0):
-        if inv.stopping or phase == "stopped":
+        ended = [jline(inv.deactivated_ts, inv.deactivated_line)] if inv.deactivated_line else []
+        if inv.stopping or (phase == "stopped" and not d.no_stop_job):
             proof = base + ([jline(None, inv.stopping_line)] if inv.stopping_line else []) + (
                 [f"status.json: phase={phase}"] if phase else [])
             return Finding("stopped", "stopped through systemd (clean exit)", proof)
+        if phase == "stopped":
+            return Finding("stopped", "stopped from outside systemd: the trainer saved and exited 0 on a signal no "
+                           "stop job sent (the journal has systemd's clean end and no `Stopping`: nobody asked "
+                           "through systemctl)" + (f"; {d.not_restarted}" if d.not_restarted else ""),
+                           base + ended + [f"status.json: phase={phase} step={status.get('step')}"],
+                           NEXT_OUTSIDE_CLEAN_EXIT)
         if phase == "completed":
             return Finding("completed", f"finished: exit 0, status.json phase=completed at step {status.get('step')}",
                            base + [f"status.json: phase=completed step={status.get('step')}"])
@@ -153,6 +181,17 @@ def clean_exit(d: Death) -> Finding | None:
         if facts["code"] == "exited" and facts["status"] == 0:
             return Finding("unknown", "exit 0 but status.json says neither completed nor stopped",
                            base + [f"status.json: phase={phase}"])
+        if facts["code"] is None and phase and d.no_stop_job:
+            # the trainer's own clean ends say completed or stopped: this one was a signal that ends it at once
+            names = "/".join(f"SIG{SIGNAL_NAMES[s]}" for s in sorted(CLEAN_EXIT_SIGNALS))
+            return Finding("killed-by-signal",
+                           f"killed from outside the run by a signal systemd counts as a clean exit ({names}): "
+                           f"systemd ended the unit with Result=success and no stop job while status.json still "
+                           f"said phase={phase} step={status.get('step')}; which signal is not known (systemd's "
+                           "exit record is gone: the unit was unloaded or reset)"
+                           + (f"; {d.not_restarted}" if d.not_restarted else "") + d.host_note,
+                           base + ended + [f"status.json: phase={phase} step={status.get('step')}"],
+                           NEXT_OUTSIDE_CLEAN_EXIT)
     return None
 
 
@@ -466,13 +505,9 @@ def outside_signal(d: Death) -> Finding | None:
             reason += ("; no OOM kill of the run in the kernel log" if not others else
                        f"; the kernel log's OOM kill(s) in the window name other processes ({', '.join(o.get('comm') or '?' for o in others)})")
     lines = base + [line for o in d.ooms for line in o["lines"]]
-    restart = d.props.get("Restart") or "on-failure"
-    if sig in CLEAN_EXIT_SIGNALS and restart not in RESTARTS_ON_CLEAN_EXIT:
-        reason += (f"; systemd counts SIG{SIGNAL_NAMES[sig]} as a clean exit, so Restart={restart} does not "
-                   "restart the unit: it stays down until started again")
-        return Finding("killed-by-signal", reason + d.host_note, lines,
-                       "find who sent the signal (no systemctl stop asked for it), then start the run again "
-                       "with train.yml: it resumes from the newest checkpoint", signal=sig)
+    if sig in CLEAN_EXIT_SIGNALS and d.not_restarted:
+        reason += f"; systemd counts SIG{SIGNAL_NAMES[sig]} as a clean exit, so {d.not_restarted}"
+        return Finding("killed-by-signal", reason + d.host_note, lines, NEXT_OUTSIDE_CLEAN_EXIT, signal=sig)
     return Finding("killed-by-signal", reason + d.host_note, lines, signal=sig)
 
 

@@ -175,6 +175,7 @@ MID_FAILED = "be02cf6855d2428ba40df7e9d022f03d"
 MID_STOPPING = "de5b426a63be47a7b6ac3eaac82e2f6f"
 MID_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
 MID_RESULT = "d9b373ed55a64feb8242e02dbe79a49c"
+MID_SUCCESS = "7ad2d189f7e94e70a38c781354912448"  # "<unit>: Deactivated successfully." (Result=success)
 
 RE_OOM_KILL = re.compile(
     r"oom-kill:constraint=(?P<constraint>\w+),.*?(?:oom_memcg=(?P<oom_memcg>[^,]*),)?"
@@ -284,6 +285,18 @@ KERNEL_SIGNATURES = (
      "rebooted; reseat or RMA the GPU if it repeats"),
 )
 
+# A thread (or a process) that could not start: the unit's task or process limit, in the words of
+# Python, libgomp, pyarrow ("Failed to launch worker thread"), OpenBLAS and glibc (pthread_create),
+# Rust's std, the JVM and the pids cgroup. EAGAIN ("Resource temporarily unavailable", errno 11)
+# counts only next to thread words: alone it is a non-blocking socket's or a lock's, not a limit.
+RE_THREAD_LIMIT = re.compile(
+    r"can't start new thread|Thread creation failed|fork rejected by pids controller"
+    r"|(?:[Ff]ailed|[Uu]nable|[Cc]ould not|[Cc]annot|[Cc]an't)(?: to)? (?:launch|start|create|spawn) "
+    r"(?:a |new |native |OS )?(?:worker )?thread"
+    r"|pthread_create[^\n]{0,80}?(?:Resource temporarily unavailable|\bEAGAIN\b)"
+    r"|\bthreads?\b[^\n]{0,40}?(?:Resource temporarily unavailable|\bEAGAIN\b)"
+    r"|(?:Resource temporarily unavailable|\bEAGAIN\b)[^\n]{0,40}?\bthreads?\b")
+
 # Signatures in a crash's output that name a next step and an action.
 HINTS = (
     (re.compile(r"no kernel image is available for execution on the device"),
@@ -323,10 +336,10 @@ HINTS = (
      "host memory ran out: a process of the run was refused memory or SIGKILLed (the kernel's OOM killer kills "
      "DataLoader workers and ranks this way; its line may be gone from the kernel log): lower DataLoader workers, "
      "prefetch or batch, or raise MemoryMax", "fix-config"),
-    (re.compile(r"can't start new thread|Thread creation failed|fork rejected by pids controller"),
+    (RE_THREAD_LIMIT,
      "the unit's task limit is reached (TasksMax=, the cgroup's pids.max; `systemctl show -p TasksMax,TasksCurrent "
-     "UNIT`) or ulimit -u: raise TasksMax for the run's unit, or lower DataLoader workers and thread counts",
-     "fix-config"),
+     "UNIT`) or its process limit (LimitNPROC=, ulimit -u): raise it for the run's unit, or lower DataLoader "
+     "workers and thread counts (OMP_NUM_THREADS)", "fix-config"),
     (re.compile(r"Too many open files|\[Errno 24\]|received 0 items of ancdata"),
      "the open-file limit is reached (LimitNOFILE= of the unit, ulimit -n; torch's file_descriptor sharing of "
      "DataLoader tensors uses one per tensor): raise LimitNOFILE, or lower DataLoader workers", "fix-config"),
@@ -423,6 +436,11 @@ NEXT_STEPS = {
                    "trainer resumes from its newest checkpoint once the server answers; if it repeats, read its "
                    "journal (journalctl -u SERVER)",
 }
+
+# The next step where the run ended cleanly to systemd (Result=success) on a signal no stop job sent:
+# Restart=on-failure does not restart it.
+NEXT_OUTSIDE_CLEAN_EXIT = ("find who sent the signal (no `systemctl stop` asked for it), then start the run again "
+                           "with train.yml: it resumes from the newest checkpoint")
 
 RE_RESTART_COUNTER = re.compile(r"restart counter is at (?P<n>\d+)")
 

@@ -13,7 +13,14 @@ from __future__ import annotations
 import importlib
 import re
 
-from ansible.errors import AnsibleFilterError
+
+def _error(text: str) -> Exception:
+    # Ansible imported only where a filter fails: importing it patches sys.intern for the whole
+    # process, which breaks torch's compiler in a test process that loads this file.
+    from ansible.errors import AnsibleFilterError
+
+    return AnsibleFilterError(text)
+
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -22,7 +29,7 @@ def _stage():
     try:
         return importlib.import_module("flashfleet.stage")
     except ImportError as e:
-        raise AnsibleFilterError(
+        raise _error(
             f"flashfleet_dataset: cannot import flashfleet.stage ({e}). Fix: run ansible-playbook from the "
             "project's venv (make venv installs the project into .venv)") from None
 
@@ -59,7 +66,7 @@ def flashfleet_dataset_setting_problems(settings) -> list[str]:
         values = (int(settings["concurrency"]), int(settings["retries"]), float(settings["free_margin_ratio"]),
                   int(settings["free_margin_bytes"]))
     except (KeyError, TypeError, ValueError) as e:
-        raise AnsibleFilterError(f"flashfleet_dataset_setting_problems: {e}") from None
+        raise _error(f"flashfleet_dataset_setting_problems: {e}") from None
     return [f"{what} (fix: {fix})" for what, fix in _stage().setting_problems(*values)]
 
 

@@ -162,6 +162,7 @@ def clean_exit(d: Death) -> Finding | None:
     phase = status.get("phase")
     if facts["result"] == "success" or (facts["code"] == "exited" and facts["status"] == 0):
         ended = [jline(inv.deactivated_ts, inv.deactivated_line)] if inv.deactivated_line else []
+        at = f"status.json: phase={phase} step={status.get('step')}"
         if inv.stopping or (phase == "stopped" and not d.no_stop_job):
             proof = base + ([jline(None, inv.stopping_line)] if inv.stopping_line else []) + (
                 [f"status.json: phase={phase}"] if phase else [])
@@ -170,11 +171,11 @@ def clean_exit(d: Death) -> Finding | None:
             return Finding("stopped", "stopped from outside systemd: the trainer saved and exited 0 on a signal no "
                            "stop job sent (the journal has systemd's clean end and no `Stopping`: nobody asked "
                            "through systemctl)" + (f"; {d.not_restarted}" if d.not_restarted else ""),
-                           base + ended + [f"status.json: phase={phase} step={status.get('step')}"],
+                           base + ended + [at],
                            NEXT_OUTSIDE_CLEAN_EXIT)
         if phase == "completed":
             return Finding("completed", f"finished: exit 0, status.json phase=completed at step {status.get('step')}",
-                           base + [f"status.json: phase=completed step={status.get('step')}"])
+                           base + [at])
         if facts["result"] == "protocol":  # Type=notify: exit 0 without READY=1 fails since systemd 233
             return Finding("crash", "the trainer exited 0 without sending READY=1 (Result=protocol)", base,
                            action="investigate")
@@ -190,7 +191,7 @@ def clean_exit(d: Death) -> Finding | None:
                            f"said phase={phase} step={status.get('step')}; which signal is not known (systemd's "
                            "exit record is gone: the unit was unloaded or reset)"
                            + (f"; {d.not_restarted}" if d.not_restarted else "") + d.host_note,
-                           base + ended + [f"status.json: phase={phase} step={status.get('step')}"],
+                           base + ended + [at],
                            NEXT_OUTSIDE_CLEAN_EXIT)
     return None
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from flashfleet.contract import layout, messages
 from flashfleet.contract import metrics as contract
 
@@ -443,8 +444,6 @@ class Trainer:
     def all_reduce_grads(self):
         """Average gradients over drafter ranks. A plain all-reduce per parameter, not a DDP wrapper:
         a rank whose micro-batches had no anchors skipped backward, which DDP's hooks cannot express."""
-        import torch.distributed as dist
-
         grads = []
         for q in self.drafter.parameters():
             if q.grad is None:
@@ -504,8 +503,6 @@ class Trainer:
         cuda = self.dev.startswith("cuda")
         reduce_span = None
         if self.r.world > 1:
-            import torch.distributed as dist
-
             reduce_span = DeviceSpan(self.dev)
             self.all_reduce_grads()
             # This rank's busy time joins the reduced vector: wait for the end of its backward only,
@@ -784,8 +781,6 @@ class Trainer:
             self.collect_evals(metrics, wandb_run, wait=True)
         self.feed.close()  # (a queue feed takes the answers still outstanding: feed.QueueFeed.close)
         if self.r.world > 1:  # and no rank leaves before all have: an answer may live in another rank's memory
-            import torch.distributed as dist
-
             dist.barrier()
         if self.stop_requested:
             return "stopped"

@@ -3,7 +3,7 @@
 import numpy as np
 from flashfleet_trainer.bench_drafter import step_flops
 from flashfleet_trainer.data import build_blocks
-from flashfleet_trainer.model import DrafterConfig
+from flashfleet_trainer.drafter import DrafterConfig
 from pytest import approx
 
 

@@ -216,7 +216,7 @@ def test_a_gpu_run_on_the_slow_linear_attention_path_is_refused(tmp_path, data_d
 
 def test_this_hosts_linear_attention_kernels_are_named():
     """What transformers actually bound here (the CPU venv has neither package): the torch path."""
-    from flashfleet_trainer.model import linear_attention_kernels
+    from flashfleet_trainer.target import linear_attention_kernels
 
     k = linear_attention_kernels()
     assert set(k) == {"chunk_gated_delta_rule", "causal_conv1d_fn"}

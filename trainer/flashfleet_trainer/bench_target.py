@@ -22,15 +22,15 @@ import time
 
 import torch
 
-from .model import (
+from .compilation import compile_decoder_layers
+from .shapes import SHAPES, shape_config
+from .target import (
     HiddenStateProducer,
-    compile_decoder_layers,
     default_target_layers,
     fast_kernels,
     linear_attention_kernels,
     text_config_of,
 )
-from .shapes import SHAPES, shape_config
 
 
 def build_target(shape: str, layers: int | None, device: str, dtype):

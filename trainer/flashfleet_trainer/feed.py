@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 
 from .evaluate import worker_eval
-from .model import HiddenStateProducer
+from .target import HiddenStateProducer
 
 
 @dataclass

@@ -120,7 +120,8 @@ def load_target(index, name, device, args, layer_ids, events):
     """A target replica's producer (a worker's, or a serving drafter rank's: `name`), loaded; the main
     process is told, and, when the layers compile in the first micro-batch, why that one will be
     slow (its status line)."""
-    from .model import HiddenStateProducer, compile_note
+    from .compilation import compile_note
+    from .target import HiddenStateProducer
 
     producer = HiddenStateProducer.for_training(args, [device], layer_ids, device)
     events.put(("loaded", index))

@@ -35,27 +35,19 @@ from flashfleet.contract import metrics as contract
 
 from . import checkpoint as ckpt
 from . import wandb_compat
+from .attention import SparseAttention, flex_layouts, resolve_attn_impl
 from .config import ConfigError, NonFiniteLoss
 from .data import Blocks, build_blocks, load_data, pack_epoch, sample_anchors
+from .drafter import DFlashDrafter, DrafterConfig, drafter_hidden, gather_rows
 from .evaluate import eval_wanted, evaluate_drafter
 from .feed import Feed, InProcessFeed, wants_final_state
 from .loadwatch import LoadWatch
 from .loss import IGNORE, acceptance_proxy, drafter_loss, get_loss_fn
 from .metrics import MetricsLog, Status, begin_run
-from .model import (
-    DFlashDrafter,
-    DrafterConfig,
-    HiddenStateProducer,
-    SparseAttention,
-    drafter_hidden,
-    flex_layouts,
-    gather_rows,
-    load_frozen_io,
-    resolve_attn_impl,
-)
 from .notify import Notifier
 from .optim import adamw, clipped_step
 from .preflight import Plan
+from .target import HiddenStateProducer, load_frozen_io
 from .vllm_target import VllmFeed
 
 # ---- schedules -----------------------------------------------------------------------------------

@@ -193,7 +193,7 @@ class ServerCheck:
     hybrid targets before mid-2026 were one)."""
 
     def __init__(self, args, layer_ids, log):
-        from .model import HiddenStateProducer
+        from .target import HiddenStateProducer
 
         self.every, self.tol, self.log, self.seen = args.server_check_every, args.server_check_tol, log, 0
         self.device = parse_devices(args.server_check_device, "--server-check-device")[0]
@@ -243,7 +243,7 @@ class VllmFeed:
         """A drafter rank's feed over the servers preflight checked (plan.servers), with the target's
         final norm on `device` when the loss reads the final state, and the --server-check-every check."""
         from .feed import wants_final_state
-        from .model import load_final_norm
+        from .target import load_final_norm
 
         hidden = plan.drafter_config.hidden_size
         servers = plan.servers or check_servers(args.target_servers, plan.layer_ids, plan.num_target_layers,

@@ -22,11 +22,12 @@ import platform
 import time
 
 import torch
-from flashfleet_trainer.bench_target import build_target
 from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig
 from flashfleet_trainer.evaluate import CachedSession, UncachedSession
 from flashfleet_trainer.shapes import SHAPES
 from flashfleet_trainer.target import HiddenStateProducer, default_target_layers
+
+from tests.benchmarks.bench_target import build_target
 
 
 def _sync(dev):

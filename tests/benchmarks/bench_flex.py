@@ -17,9 +17,9 @@ import statistics
 
 import numpy as np
 import torch
+from bench_drafter import drafter_config  # (run as a script: this folder is on the path)
 from flashfleet_trainer import attention
 from flashfleet_trainer.attention import SparseAttention, flex_layouts
-from flashfleet_trainer.bench_drafter import drafter_config
 from flashfleet_trainer.data import build_blocks, sample_anchors
 from gemm_ceiling import timed  # CUDA events around each call (run as a script: this folder is on the path)
 

@@ -1,7 +1,9 @@
 """Drafter-only step throughput at a real shape, without a target (random features), for comparing
 attention implementations and optimizer settings on one GPU.
 
-    python -m flashfleet_trainer.bench_drafter --shape qwen3-8b --attn-impl flex [--profile 3 --trace t.json]
+    python -m tests.benchmarks.bench_drafter --shape qwen3-8b --attn-impl flex [--profile 3 --trace t.json]
+
+From the repository root, with PYTHONPATH=trainer:kernels:module_utils (a benchmark, not part of the trainer package).
 
 One step = what `Trainer.micro_batch` does for one micro-batch (anchors, blocks, drafter forward
 under bf16 autocast, soft-label loss, backward), then grad clipping and the AdamW update. Anchors
@@ -28,15 +30,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-
-from .attention import flex_layouts, resolve_attn_impl
-from .data import build_blocks, sample_anchors
-from .drafter import DFlashDrafter, DrafterConfig, drafter_hidden, gather_rows
-from .loss import drafter_loss, get_loss_fn
-from .optim import adamw, clipped_step
-from .shapes import SHAPES
-from .target import default_target_layers
-from .trainer import DeviceSpan, Prepared
+from flashfleet_trainer.attention import flex_layouts, resolve_attn_impl
+from flashfleet_trainer.data import build_blocks, sample_anchors
+from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig, drafter_hidden, gather_rows
+from flashfleet_trainer.loss import drafter_loss, get_loss_fn
+from flashfleet_trainer.optim import adamw, clipped_step
+from flashfleet_trainer.shapes import SHAPES
+from flashfleet_trainer.target import default_target_layers
+from flashfleet_trainer.trainer import DeviceSpan, Prepared
 
 
 def compiled_graphs() -> int:
@@ -203,7 +204,7 @@ class Bench:
             first += a.steps
             rows = sum(r[0] for r in res)
             rates.append(rows / sum(r[1] for r in res))
-        from . import attention, drafter
+        from flashfleet_trainer import attention, drafter
 
         out = {"attn_impl": self.attn_impl, "fused_elementwise": drafter.FUSE_ELEMENTWISE, "fused_adamw": bool(self.opt.param_groups[0].get("fused")),
                "loss_impl": self.loss_impl, "flex_options": attention.FLEX_KERNEL_OPTIONS, "steps": a.steps, "rows_per_step": rows / a.steps,
@@ -402,11 +403,11 @@ def main(argv=None):
     p.add_argument("--trace", default=None, help="where to write the profiler's chrome trace")
     a = p.parse_args(argv)
     if a.eager_elementwise:
-        from . import drafter
+        from flashfleet_trainer import drafter
 
         drafter.FUSE_ELEMENTWISE = False
     if a.flex_options is not None:
-        from . import attention
+        from flashfleet_trainer import attention
 
         attention.FLEX_KERNEL_OPTIONS = a.flex_options
     Bench(a).run()

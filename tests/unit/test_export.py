@@ -538,9 +538,9 @@ def test_init_from_loads_the_exported_weights_before_the_first_step(exported, tr
     from flashfleet_trainer.trainer import Trainer
 
     args = parse_args(trainer_argv(*DRAFTER, "--init-from", str(exported), "--resume", "never"))
-    plan = preflight(args)
-    export.check_init_from(args, plan.drafter_config)  # the same drafter: no complaint
-    trainer = Trainer(args, plan, Status.null(), log=lambda s: None)
+    facts = preflight(args)
+    export.check_init_from(args, facts.drafter_config)  # the same drafter: no complaint
+    trainer = Trainer(args, facts, Status.null(), log=lambda s: None)
     trainer.setup()
     try:
         _cfg, want = export.load_dflash_dir(exported)

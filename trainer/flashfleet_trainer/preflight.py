@@ -1,4 +1,4 @@
-"""Everything `--check` validates, and the Plan a run starts from.
+"""Everything `--check` validates, and the StartFacts a run starts from.
 
 `preflight(args)` is the first thing every start runs, so a deterministic start-up error is the
 same one-line ConfigError (exit 78) whether `--check` finds it on the controller or the unit
@@ -47,8 +47,8 @@ from .transport import nccl_transport
 
 
 @dataclass(kw_only=True)
-class Plan:
-    """What preflight found: the facts the trainer starts from."""
+class StartFacts:
+    """What preflight found: the facts the trainer starts from (nothing to do with --plan, planner.py)."""
 
     target_config: object  # transformers config (None in spawned ranks, which need only drafter_config)
     layer_ids: list  # 0-based target decoder layers whose outputs are the drafter's features
@@ -493,7 +493,7 @@ def drafter_config(args, tcfg, layer_ids, mask_id) -> DrafterConfig:
     return dcfg
 
 
-def preflight(args) -> Plan:
+def preflight(args) -> StartFacts:
     """Validate paths, model config, data schema, devices, memory and wandb. Raises ConfigError."""
     from transformers import AutoConfig
 
@@ -693,7 +693,7 @@ def preflight(args) -> Plan:
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK):
         raise ConfigError(f"--output-dir {out} is not writable", "create it or fix its ownership")
-    return Plan(target_config=tcfg, layer_ids=layer_ids, mask_token_id=mask_id, target_devices=target_devices,
+    return StartFacts(target_config=tcfg, layer_ids=layer_ids, mask_token_id=mask_id, target_devices=target_devices,
                 drafter_devices=drafter_devices, data_files=files, data_rows=rows, wandb_settings=settings,
                 summary=summary, drafter_config=dcfg, vocab_size=vocab, checkpoints=found, servers=servers,
                 num_target_layers=n_layers)

@@ -2,7 +2,7 @@
 
 The drafter's flex attention takes q [heads, q_len, d] and k, v [kv heads, kv_len, d] with the
 rows at fixed places: the context at [0, t), the block rows from a tile boundary t_pad on, zeros in
-between and after (`flashfleet_trainer.model.SparseAttention`). Done op by op, each projection's
+between and after (`flashfleet_trainer.attention.SparseAttention`). Done op by op, each projection's
 output went through a norm kernel, a RoPE kernel on a transposed view, and a copy into the padded
 layout, each with a backward of its own. Here one kernel reads a row of every head where the
 projection wrote it ([rows, heads, d], a row's heads side by side), normalizes the first `normed`

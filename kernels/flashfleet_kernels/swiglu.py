@@ -1,6 +1,6 @@
 """SwiGLU of a packed [gate | up] tensor: silu(gate) * up, forward and backward in one Triton kernel each.
 
-The drafter's MLP computes gate and up in one GEMM (`flashfleet_trainer.model.project`), so they
+The drafter's MLP computes gate and up in one GEMM (`flashfleet_trainer.drafter.project`), so they
 arrive side by side in one [rows, 2I] tensor. This op reads both halves of a row where they lie and
 writes their gradients into one [rows, 2I] tensor, which is what that GEMM's backward takes: no
 strided halves, no copy gathering two gradients into one. The math runs in fp32 and is rounded once;
@@ -9,7 +9,7 @@ the backward recomputes silu(gate) instead of keeping it.
 With s = sigmoid(g): out = g * s * u; d/du = g * s; d/dg = u * s * (1 + g * (1 - s)).
 CUDA tensors (CPU ones under TRITON_INTERPRET=1, as the tests run it without a GPU); the torch
 version (the trainer's CPU path, and the oracle of tests/kernels/test_swiglu.py) is
-`flashfleet_trainer.model.swiglu`.
+`flashfleet_trainer.drafter.swiglu`.
 """
 
 from __future__ import annotations

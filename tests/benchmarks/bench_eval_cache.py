@@ -19,8 +19,9 @@ import statistics
 import time
 
 import torch
+from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig
 from flashfleet_trainer.evaluate import speculative_tau
-from flashfleet_trainer.model import DFlashDrafter, DrafterConfig, HiddenStateProducer, default_target_layers
+from flashfleet_trainer.target import HiddenStateProducer, default_target_layers
 
 
 def main() -> None:

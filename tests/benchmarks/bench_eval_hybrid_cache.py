@@ -22,10 +22,12 @@ import platform
 import time
 
 import torch
-from flashfleet_trainer.bench_target import build_target
+from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig
 from flashfleet_trainer.evaluate import CachedSession, UncachedSession
-from flashfleet_trainer.model import DFlashDrafter, DrafterConfig, HiddenStateProducer, default_target_layers
 from flashfleet_trainer.shapes import SHAPES
+from flashfleet_trainer.target import HiddenStateProducer, default_target_layers
+
+from tests.benchmarks.bench_target import build_target
 
 
 def _sync(dev):
@@ -69,7 +71,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    from flashfleet_trainer.model import linear_attention_kernels
+    from flashfleet_trainer.target import linear_attention_kernels
 
     dtype = torch.float32 if a.device == "cpu" else torch.bfloat16
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ times over --reps calls, their spread ((max - min) / median), and the largest di
 output and of each gradient from the first line's (inductor's defaults: the anchor, measured in
 the same process). `--autotune` adds inductor's max-autotune search over its flex configurations
 (it benchmarks them while compiling, minutes). The options reach the kernels through
-`model.FLEX_KERNEL_OPTIONS`, the trainer's own setting.
+`attention.FLEX_KERNEL_OPTIONS`, the trainer's own setting.
 """
 
 import argparse
@@ -17,10 +17,10 @@ import statistics
 
 import numpy as np
 import torch
-from flashfleet_trainer import model
-from flashfleet_trainer.bench_drafter import drafter_config
+from bench_drafter import drafter_config  # (run as a script: this folder is on the path)
+from flashfleet_trainer import attention
+from flashfleet_trainer.attention import SparseAttention, flex_layouts
 from flashfleet_trainer.data import build_blocks, sample_anchors
-from flashfleet_trainer.model import SparseAttention, flex_layouts
 from gemm_ceiling import timed  # CUDA events around each call (run as a script: this folder is on the path)
 
 # Inductor's default for head dim 128 on sm90 is (64, 128, 128, 64) with 3 stages and 8 warps
@@ -85,12 +85,12 @@ def main(argv=None):
                       "heads": [nh, nkv, hd], "device": torch.cuda.get_device_name()}), flush=True)
     anchor = {}
     for options, autotune in runs:
-        model.FLEX_KERNEL_OPTIONS = options
+        attention.FLEX_KERNEL_OPTIONS = options
         mode = "max-autotune-no-cudagraphs" if autotune else None
         from torch.nn.attention.flex_attention import flex_attention
 
         torch._dynamo.reset()  # each configuration compiled afresh (the earlier ones' graphs count to dynamo's limit)
-        model._FLEX["cuda"] = torch.compile(flex_attention, dynamic=False, mode=mode)
+        attention._FLEX["cuda"] = torch.compile(flex_attention, dynamic=False, mode=mode)
         for kind in attn.block_masks:
             def fwd(kind=kind):
                 with torch.no_grad():
@@ -117,7 +117,7 @@ def main(argv=None):
                 anchor[kind] = out
             row["max_abs_diff"] = [round(float((x - y).abs().max()), 5) for x, y in zip(out, anchor[kind], strict=True)]
             print(json.dumps(row), flush=True)
-    model.FLEX_KERNEL_OPTIONS = None
+    attention.FLEX_KERNEL_OPTIONS = None
 
 
 if __name__ == "__main__":

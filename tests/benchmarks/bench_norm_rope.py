@@ -17,7 +17,7 @@ import json
 import torch
 from bench_flex import batch_args, micro_batch, summary  # run as a script: this folder is on the path
 from flashfleet_kernels import norm_rope as nr
-from flashfleet_trainer.model import DraftAttention, rope
+from flashfleet_trainer.drafter import DraftAttention, rope
 from gemm_ceiling import timed  # CUDA events around each call
 
 

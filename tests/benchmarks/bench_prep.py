@@ -32,8 +32,8 @@ def main():
     p.add_argument("rest", nargs=argparse.REMAINDER)
     a = p.parse_args()
     args = parse_args([x for x in a.rest if x != "--"])
-    plan = preflight(args)
-    t = Trainer(args, plan, Status.null(), log=lambda s: None, rank=Rank())
+    facts = preflight(args)
+    t = Trainer(args, facts, Status.null(), log=lambda s: None, rank=Rank())
     t.setup()
     recs = []
     for _ in range(args.max_steps):

@@ -58,10 +58,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         ref_args = parse_args(_argv(a.tiny, tmp / "ref"))
-        plan = preflight(ref_args)
-        data = load_data(ref_args.data_dir, ref_args.max_seq_len, plan.vocab_size)
+        facts = preflight(ref_args)
+        data = load_data(ref_args.data_dir, ref_args.max_seq_len, facts.vocab_size)
         batches = MicroBatches(data.lengths, ref_args).epoch(0)[: a.batches]
-        layers, n_layers = plan.layer_ids, plan.num_target_layers
+        layers, n_layers = facts.layer_ids, facts.num_target_layers
         server = VllmServer(a.tiny / "model", layers, n_layers, tmp / "shm", tmp / "server.log",
                             max_model_len=256).start()
         try:
@@ -69,7 +69,7 @@ def main():
             vplan = preflight(args)
             rates = {"in-process": [], "vllm": []}
             for _ in range(a.repeats):
-                s, n = _timed(InProcessFeed(ref_args, plan, "cpu", lambda s: None), data, batches)
+                s, n = _timed(InProcessFeed(ref_args, facts, "cpu", lambda s: None), data, batches)
                 rates["in-process"].append(n / s)
                 feed = VllmFeed.for_training(args, vplan, "cpu")
                 s, n = _timed(feed, data, batches)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Qwen3.6-27B drafter shape (hidden 5120, MLP 17,408, V = 248,320, sliding window) on one CUDA
 # GPU, from the repository root, into $OUT: the CUDA tests named in $TESTS, the cuBLAS GEMM rate at
-# the loss's chunk shapes, then one bench_drafter process per tree in $CODES ("after": this tree;
-# any other name: a copy in build/NAME with its own trainer/ and kernels/), each with a kernel-time
+# the loss's chunk shapes, then one process of this tree's bench_drafter per tree in $CODES ("after":
+# this tree; any other name: a copy in build/NAME with its own trainer/ and kernels/, which must hold
+# the modules the benchmark imports), each with a kernel-time
 # profile; $PLAIN set adds the plain PyTorch step (dense SDPA mask, the loss in torch, the
 # norms and activations op by op, foreach AdamW) of the first tree; $MORE_ANCHORS, anchor counts at which the
 # first tree runs again (without a profile); $EXTRA is added to every run.
@@ -32,7 +33,7 @@ bench() {
   local code=$1; shift
   local pp=trainer:kernels:module_utils; [ "$code" != after ] && pp=build/$code/trainer:build/$code/kernels:module_utils
   echo "== $code: bench_drafter $* ($(date -u +%T))" | tee -a "$log"
-  PYTHONPATH=$pp timeout "${BENCH_S:-150}" python3 -m flashfleet_trainer.bench_drafter "$@" 2>>"$OUT/err.txt" \
+  PYTHONPATH=$pp timeout "${BENCH_S:-150}" python3 -m tests.benchmarks.bench_drafter "$@" 2>>"$OUT/err.txt" \
     | tee -a "$OUT/full.txt" | grep -E '^\{|GPU kernel time|GPU idle|^\| [0-9.]+% \| [a-zA-Z(]+[^|]*\|$|^ +[0-9.]+% ' \
     | tee -a "$log"
 }

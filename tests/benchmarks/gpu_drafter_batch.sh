@@ -15,8 +15,8 @@ d8=(--shape qwen3-8b --attn-impl flex --steps 10 --warmup 3 --repeats 3)
 d27=(--shape qwen3.6-27b --vocab 248320 --seq-len 8192 --seqs 2 --anchors 512 --attn-impl flex --steps 10 --warmup 3
      --repeats 3)
 {
-  for run in 1 2; do echo "qwen3-8b run $run"; python3 -m flashfleet_trainer.bench_drafter "${d8[@]}"; done
-  for run in 1 2; do echo "qwen3-8b --prefetch run $run"; python3 -m flashfleet_trainer.bench_drafter "${d8[@]}" --prefetch; done
-  echo "qwen3.6-27b"; python3 -m flashfleet_trainer.bench_drafter "${d27[@]}"
-  echo "qwen3.6-27b --prefetch"; python3 -m flashfleet_trainer.bench_drafter "${d27[@]}" --prefetch
+  for run in 1 2; do echo "qwen3-8b run $run"; python3 -m tests.benchmarks.bench_drafter "${d8[@]}"; done
+  for run in 1 2; do echo "qwen3-8b --prefetch run $run"; python3 -m tests.benchmarks.bench_drafter "${d8[@]}" --prefetch; done
+  echo "qwen3.6-27b"; python3 -m tests.benchmarks.bench_drafter "${d27[@]}"
+  echo "qwen3.6-27b --prefetch"; python3 -m tests.benchmarks.bench_drafter "${d27[@]}" --prefetch
 } 2>&1 | grep -v Warning | tee -a "$OUT/drafter.txt"

@@ -3,8 +3,9 @@
 # ($now) and the trees of $codes ($CODES, default "before after": build/before/trainer, from `git
 # archive <base> trainer/flashfleet_trainer | tar -x -C build/before`, then this one), checked
 # first, the card and a power/clock log beside the runs, `tests PATHS...` (the CUDA tests of this
-# trainer, summary lines to $log) and `bench CODE ARGS...` (one bench_drafter process of this
-# trainer when CODE is "after", else of the copy in build/CODE: its JSON line and time shares to
+# trainer, summary lines to $log) and `bench CODE ARGS...` (one process of this tree's
+# tests/benchmarks/bench_drafter.py on this trainer when CODE is "after", else on the copy in
+# build/CODE, which must hold the modules the benchmark imports: its JSON line and time shares to
 # $log, everything it printed to $OUT/full.txt).
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the results}
@@ -30,6 +31,6 @@ bench() {
   local code=$1; shift
   local pp=$now; [ "$code" != after ] && pp=build/$code/trainer:kernels:module_utils
   echo "== $code: bench_drafter $* ($(date -u +%T))" | tee -a "$log"
-  PYTHONPATH=$pp python3 -m flashfleet_trainer.bench_drafter "$@" 2>>"$OUT/err.txt" | tee -a "$OUT/full.txt" \
+  PYTHONPATH=$pp python3 -m tests.benchmarks.bench_drafter "$@" 2>>"$OUT/err.txt" | tee -a "$OUT/full.txt" \
     | grep -E '^\{|GPU kernel time|GPU idle|^\| [0-9.]+% \| [a-zA-Z(]+[^|]*\|$' | tee -a "$log"
 }

@@ -15,7 +15,7 @@ date -u | tee "$OUT/gpu.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/gpu.txt"
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 500 > "$OUT/clocks.csv" &
 mon=$!
-bench() { python3 -m flashfleet_kernels.bench "$@"; }
+bench() { python3 -m tests.benchmarks.bench_loss "$@"; }
 {
   bench --impls "ours,ours:one_logits_gemm=1,ours@$ANCHOR,liger" --breakdown --reps 10
   bench --n 4096 8192 --temperature 1 --kl-weight 1 --impls "ours,ours:one_logits_gemm=1,speculators" --reps 10
@@ -24,6 +24,6 @@ bench() { python3 -m flashfleet_kernels.bench "$@"; }
 python3 -m pytest -q -p no:cacheprovider tests/kernels -m cuda 2>&1 | tee "$OUT/tests.txt"
 for run in 1 2; do
   echo "qwen3-8b run $run $(date -u +%T)"
-  python3 -m flashfleet_trainer.bench_drafter --shape qwen3-8b --attn-impl flex --steps 10 --warmup 3 --repeats 3 --prefetch
+  python3 -m tests.benchmarks.bench_drafter --shape qwen3-8b --attn-impl flex --steps 10 --warmup 3 --repeats 3 --prefetch
 done 2>&1 | grep -v -i warn | tee "$OUT/drafter.txt"
 kill "$mon"

@@ -25,7 +25,7 @@ for part in $parts; do
         2>&1 | tee -a "$OUT/tests.txt" ;;
     *)
       echo "## V=$part, T=2, kl_weight 0.7: ours, ours:teacher_fp8=1, Liger ($(date -u +%T))"
-      python3 -m flashfleet_kernels.bench --n 4096 8192 16384 --v "$part" --impls "ours,ours:teacher_fp8=1,liger" \
+      python3 -m tests.benchmarks.bench_loss --n 4096 8192 16384 --v "$part" --impls "ours,ours:teacher_fp8=1,liger" \
         --breakdown --reps 10 2>&1 | grep -v -i warn | tee -a "$OUT/bench.txt" ;;
   esac
 done

@@ -20,7 +20,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 date -u | tee -a "$OUT/gpu.txt"
 ours=ours
 [ -n "$ANCHOR" ] && ours="ours,ours@$ANCHOR"
-bench() { python3 -m flashfleet_kernels.bench "$@"; }
+bench() { python3 -m tests.benchmarks.bench_loss "$@"; }
 {
   bench --n 8192 --v 151936 --sweep --impls "$ours" --reps 6
   echo "## T=2, kl_weight 0.7: ours, anchor, Liger (and bf16 eager at the issue's shape)"

@@ -18,7 +18,7 @@ trap 'kill $smi 2>/dev/null' EXIT
 for shape in "--shape qwen3-8b" "--shape qwen3.6-27b --vocab 248320 --seq-len 8192"; do
   echo "== bench_drafter $shape ($(date -u +%T))" | tee -a "$log"
   # shellcheck disable=SC2086  # $shape is several arguments
-  python3 -m flashfleet_trainer.bench_drafter $shape --attn-impl flex --steps 6 --warmup 3 --prefetch --profile 2 \
+  python3 -m tests.benchmarks.bench_drafter $shape --attn-impl flex --steps 6 --warmup 3 --prefetch --profile 2 \
     2>>"$OUT/err.txt" | tee -a "$log"
 done
 echo "== bench_flex ($(date -u +%T))" | tee -a "$log"

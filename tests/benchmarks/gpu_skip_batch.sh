@@ -17,7 +17,7 @@ export PYTHONPATH=/tmp/peers:kernels:trainer:module_utils PYTHONUNBUFFERED=1
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
   date -u
 } | tee "$OUT/gpu.txt"
-bench() { timeout 240 python3 -m flashfleet_kernels.bench "$@"; }
+bench() { timeout 240 python3 -m tests.benchmarks.bench_loss "$@"; }
 skip=ours:skip_tiles=1
 if [ -n "$QUICK" ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_distill_loss_skip.py \

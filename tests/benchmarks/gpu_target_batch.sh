@@ -15,7 +15,7 @@ date -u | tee "$OUT/gpu.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/gpu.txt"
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 500 > "$OUT/clocks.csv" &
 mon=$!
-target() { echo "== bench_target $*"; python3 -m flashfleet_trainer.bench_target "$@"; }
+target() { echo "== bench_target $*"; python3 -m tests.benchmarks.bench_target "$@"; }
 {
   target --shape qwen3-8b --seqs 8 --seq-len 8192
   target --shape qwen3-8b --seqs 8 --seq-len 8192 --no-soft-labels

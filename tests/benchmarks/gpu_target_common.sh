@@ -17,5 +17,5 @@ smi=$!
 trap 'kill $smi 2>/dev/null' EXIT
 run() {
   echo "== bench_target $* ($(date -u +%T))" | tee -a "$log"
-  python3 -m flashfleet_trainer.bench_target "$@" 2>>"$OUT/err.txt" | grep -vE '^(warm-up|step) ' | tee -a "$log"
+  python3 -m tests.benchmarks.bench_target "$@" 2>>"$OUT/err.txt" | grep -vE '^(warm-up|step) ' | tee -a "$log"
 }

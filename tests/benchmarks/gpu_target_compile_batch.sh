@@ -20,7 +20,7 @@ date -u | tee "$log"
 python3 -m pytest -q -p no:cacheprovider tests/unit/test_target_compile.py 2>&1 | tail -3 | tee -a "$log"
 run() {  # run ARGS...: one bench_target process; its recompilations counted
   echo "== $*" | tee -a "$log"
-  TORCH_LOGS=recompiles python3 -m flashfleet_trainer.bench_target "$@" 2>"$OUT/err.txt" | grep -E '^\{|^built' | tee -a "$log"
+  TORCH_LOGS=recompiles python3 -m tests.benchmarks.bench_target "$@" 2>"$OUT/err.txt" | grep -E '^\{|^built' | tee -a "$log"
   echo "recompilations: $(grep -c 'Recompiling function' "$OUT/err.txt")" | tee -a "$log"
   grep -E 'Error|error' "$OUT/err.txt" | tail -3 | tee -a "$log"
 }

@@ -18,7 +18,7 @@ for setting in "--compile none" "--sdpa cudnn" "--compile parts" "--compile laye
                "--compile none"; do
   echo "== qwen3-8b $setting" | tee -a "$log"
   # shellcheck disable=SC2086
-  python3 -m flashfleet_trainer.bench_target "${t8[@]}" $setting 2>"$OUT/err.txt" | grep -E '^\{|step 4' | tee -a "$log"
+  python3 -m tests.benchmarks.bench_target "${t8[@]}" $setting 2>"$OUT/err.txt" | grep -E '^\{|step 4' | tee -a "$log"
   tail -3 "$OUT/err.txt" | tee -a "$log"
 done
 kill "$smi"

@@ -1,4 +1,4 @@
-"""``python -m flashfleet_kernels.bench --breakdown``'s phase loop, on CPU under the Triton interpreter.
+"""``python -m tests.benchmarks.bench_loss --breakdown``'s phase loop, on CPU under the Triton interpreter.
 
 The breakdown times the fused path's chunk loop phase by phase. It once launched the row kernel with
 an argument list of its own, which fell behind the kernel's signature (``TypeError: dynamic_func()
@@ -24,7 +24,7 @@ def _streak_like(group):
 @needs_triton
 @pytest.mark.parametrize("temperature, kl_weight", [(2.0, 0.7), (1.0, 0.0)])
 def test_breakdown_runs_and_times_every_phase(temperature, kl_weight):
-    from flashfleet_kernels import bench
+    from tests.benchmarks import bench_loss as bench
 
     inputs = bench.make_inputs(40, 1500, 16, dtype=torch.float32, device=DEVICE)
     chunk, phases = bench.breakdown(inputs, temperature, kl_weight, chunk_size=16, reps=1)
@@ -37,7 +37,7 @@ def test_breakdown_runs_and_times_every_phase(temperature, kl_weight):
 @needs_triton
 def test_breakdown_with_a_weight_function():
     """Callable weights (the trainer's streak weights): pass 1, the weights, pass 2 per chunk."""
-    from flashfleet_kernels import bench
+    from tests.benchmarks import bench_loss as bench
 
     h_s, h_t, weight, labels, _ = bench.make_inputs(36, 700, 16, dtype=torch.float32, device=DEVICE)
     chunk, phases = bench.breakdown((h_s, h_t, weight, labels, _streak_like(4)), 2.0, 0.7, chunk_size=10,
@@ -49,8 +49,9 @@ def test_breakdown_with_a_weight_function():
 @needs_triton
 def test_fp8_numerics_and_peaked_scale():
     """The benchmark's FP8 numerics report (the loss's own ChunkLoop with and without teacher_fp8)."""
-    from flashfleet_kernels import bench
     from flashfleet_kernels import distill_loss as dl
+
+    from tests.benchmarks import bench_loss as bench
 
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     if dl.fp8_support_problem(torch.device(DEVICE), dtype) is not None:

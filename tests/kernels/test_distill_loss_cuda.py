@@ -263,7 +263,7 @@ def test_fp8_teacher_peak_memory():
 def _prior_inputs(n, seed=11):
     """The benchmark's inputs with a token-frequency prior shared by all rows (bench.make_inputs
     data="prior"): softmaxes peaked enough that vocabulary tiles can be skipped."""
-    from flashfleet_kernels.bench import make_inputs
+    from tests.benchmarks.bench_loss import make_inputs
 
     h_s, h_t, weight, labels, row_weights = make_inputs(n, V, D, seed=seed, data="prior")
     return h_s.detach(), h_t, weight, labels, row_weights

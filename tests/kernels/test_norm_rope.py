@@ -1,12 +1,12 @@
 """flashfleet_kernels.norm_rope: per-head RMSNorm and RoPE written into attention's padded layout,
-forward and backward, against the trainer's torch ops (`model.rms_norm`, `model._apply_rope`) in
+forward and backward, against the trainer's torch ops (`drafter.rms_norm`, `drafter._apply_rope`) in
 fp64 followed by the placement done with torch. Without a GPU the kernels run under Triton's
 interpreter (conftest.py), which has no bf16: fp32 only there."""
 
 import pytest
 import torch
 from flashfleet_kernels.norm_rope import norm_rope
-from flashfleet_trainer.model import _apply_rope, rms_norm, rope
+from flashfleet_trainer.drafter import _apply_rope, rms_norm, rope
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -124,10 +124,11 @@ def test_the_drafter_gives_the_same_outputs_and_gradients_with_the_kernel(monkey
     """The drafter's flex path with its norms, RoPE and placement in this kernel (`_flex_placed`,
     what CUDA runs) against the same path op by op, in fp32 (here on CPU under the interpreter)."""
     np = pytest.importorskip("numpy")
-    from flashfleet_trainer import model as m
+    from flashfleet_trainer import attention
+    from flashfleet_trainer import drafter as m
     from flashfleet_trainer.data import build_blocks, sample_anchors
 
-    if not m.flex_available():
+    if not attention.flex_available():
         pytest.skip("this torch has no flex_attention")
     cfg = m.DrafterConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
                           head_dim=16, num_hidden_layers=2, target_layer_ids=[1, 2], block_size=4,
@@ -153,7 +154,7 @@ def test_the_drafter_gives_the_same_outputs_and_gradients_with_the_kernel(monkey
         allowed = allowed | ~allowed.any(-1, keepdim=True)  # padded rows: finite, and dropped anyway
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=enable_gqa)
 
-    monkeypatch.setattr(m, "_flex_fn", lambda device_type: flex_dense)
+    monkeypatch.setattr(attention, "_flex_fn", lambda device_type: flex_dense)
 
     def run(kernel: bool):
         monkeypatch.setattr(m.DraftAttention, "_placed_by_kernel", lambda self, x: kernel)

@@ -5,7 +5,7 @@ Triton's interpreter (conftest.py), which has no bf16: fp32 only there."""
 import pytest
 import torch
 from flashfleet_kernels.swiglu import swiglu
-from flashfleet_trainer.model import swiglu as swiglu_torch
+from flashfleet_trainer.drafter import swiglu as swiglu_torch
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"

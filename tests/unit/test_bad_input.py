@@ -99,7 +99,7 @@ FP8 = [
     (["--teacher-fp8", "--use-soft-labels"], "--teacher-fp8 with a CPU drafter: the FP8 teacher GEMM is an option"),
 ]
 
-# vLLM serves a drafter's target layers sorted and distinct (model.LAYER_RULE): a repeat or a
+# vLLM serves a drafter's target layers sorted and distinct (target.LAYER_RULE): a repeat or a
 # reversed pair trains a drafter vLLM refuses or feeds in the wrong order.
 LAYERS = [
     (["--target-layers", "2,1", "--num-draft-layers", "2"], "--target-layers 2,1: target layer ids [2, 1] are not "
@@ -258,13 +258,14 @@ def test_report_refuses_empty_or_non_run_dir_and_survives_non_utf8_metrics(tmp_p
 @pytest.fixture
 def no_target_load(monkeypatch):
     """Any load of the target fails the test: every refusal below must come before it."""
-    from flashfleet_trainer import model
+    from flashfleet_trainer import trainer
+    from flashfleet_trainer.target import HiddenStateProducer
 
     def load(*_a, **_k):
         raise AssertionError("the target was loaded before the refusal")
 
-    monkeypatch.setattr(model.HiddenStateProducer, "__init__", load)
-    monkeypatch.setattr(model, "load_frozen_io", load)
+    monkeypatch.setattr(HiddenStateProducer, "__init__", load)
+    monkeypatch.setattr(trainer, "load_frozen_io", load)  # where the trainer looks it up
 
 
 def _both_refuse(argv, capsys, roots, says):

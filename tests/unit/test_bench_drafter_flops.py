@@ -1,10 +1,11 @@
 """bench_drafter's FLOP count of a step (`step_flops`) against sums written out by hand on a tiny case."""
 
 import numpy as np
-from flashfleet_trainer.bench_drafter import step_flops
 from flashfleet_trainer.data import build_blocks
-from flashfleet_trainer.model import DrafterConfig
+from flashfleet_trainer.drafter import DrafterConfig
 from pytest import approx
+
+from tests.benchmarks.bench_drafter import step_flops
 
 
 def _cfg(types, window=None):

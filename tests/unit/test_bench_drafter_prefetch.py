@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from flashfleet_trainer.bench_drafter import Bench
+
+from tests.benchmarks.bench_drafter import Bench
 
 
 def _bench(prefetch, launch_ahead=True):

@@ -19,10 +19,11 @@ fail).
 import numpy as np
 import pytest
 import torch
-from flashfleet_trainer import model as m
+from flashfleet_trainer import drafter as drafter_mod
+from flashfleet_trainer.attention import flex_available
 from flashfleet_trainer.data import build_blocks, sample_anchors
+from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig, drafter_hidden, gather_rows
 from flashfleet_trainer.loss import drafter_loss, get_loss_fn
-from flashfleet_trainer.model import DFlashDrafter, DrafterConfig, drafter_hidden, flex_available, gather_rows
 from flashfleet_trainer.optim import adamw, clipped_step
 
 pytestmark = [pytest.mark.cuda,
@@ -45,7 +46,7 @@ def _train(path, monkeypatch, corrupt=None):
     """Per-step losses and each parameter's change over STEPS steps along `path` ("fast" or
     "plain"); `corrupt`: a step whose update goes uphill (every gradient's sign flipped)."""
     fast = path == "fast"
-    monkeypatch.setattr(m, "FUSE_ELEMENTWISE", fast)
+    monkeypatch.setattr(drafter_mod, "FUSE_ELEMENTWISE", fast)
     cfg = _config()
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg).cuda()

@@ -15,9 +15,10 @@ token fails it at the first rejection.
 import pytest
 import torch
 from flashfleet_trainer import hybrid_cache
+from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig
 from flashfleet_trainer.evaluate import CachedSession, speculative_tau
-from flashfleet_trainer.model import DFlashDrafter, DrafterConfig, HiddenStateProducer
 from flashfleet_trainer.sampling import Sampling, decode
+from flashfleet_trainer.target import HiddenStateProducer
 
 BLOCK = 4
 LAYERS = 4  # linear, linear, linear, full

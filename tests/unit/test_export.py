@@ -21,9 +21,10 @@ from flashfleet_trainer import export
 from flashfleet_trainer.checkpoint import newest_complete
 from flashfleet_trainer.cli import main as train_main
 from flashfleet_trainer.config import EX_CONFIG, ConfigError, parse_args
+from flashfleet_trainer.drafter import DFlashDrafter, drafter_hidden, load_drafter
 from flashfleet_trainer.evaluate import load_exported_drafter, load_prompts, speculative_tau
 from flashfleet_trainer.evaluate import main as eval_main
-from flashfleet_trainer.model import DFlashDrafter, HiddenStateProducer, drafter_hidden, load_drafter
+from flashfleet_trainer.target import HiddenStateProducer
 from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,7 +124,7 @@ def independent_logits(drafter_dir, embed, head, feats, seq, anchor):
 
 
 def project_logits(drafter, embed, head, feats, seq, anchor):
-    """The same through the project's drafter (model.DFlashDrafter) with an all-visible mask."""
+    """The same through the project's drafter (drafter.DFlashDrafter) with an all-visible mask."""
     b = drafter.config.block_size
     ids = torch.tensor([seq[anchor]] + [drafter.config.mask_token_id] * (b - 1))
     mask = torch.ones(b, anchor + b, dtype=torch.bool)
@@ -425,7 +426,7 @@ def test_sliding_layers_export_and_zlab_reads_them_the_same(trainer_tiny, tmp_pa
     """A drafter with a sliding-attention layer (window 3, causal inside the block) exported with
     use_sliding_window: true: z-lab builds its layers causal with that window, and its logits equal
     the project's (dense masks per layer type)."""
-    from flashfleet_trainer.model import DrafterConfig
+    from flashfleet_trainer.drafter import DrafterConfig
 
     if "layer_types" not in DrafterConfig.__dataclass_fields__:
         pytest.skip("this DrafterConfig has no layer_types yet")
@@ -537,9 +538,9 @@ def test_init_from_loads_the_exported_weights_before_the_first_step(exported, tr
     from flashfleet_trainer.trainer import Trainer
 
     args = parse_args(trainer_argv(*DRAFTER, "--init-from", str(exported), "--resume", "never"))
-    plan = preflight(args)
-    export.check_init_from(args, plan.drafter_config)  # the same drafter: no complaint
-    trainer = Trainer(args, plan, Status.null(), log=lambda s: None)
+    facts = preflight(args)
+    export.check_init_from(args, facts.drafter_config)  # the same drafter: no complaint
+    trainer = Trainer(args, facts, Status.null(), log=lambda s: None)
     trainer.setup()
     try:
         _cfg, want = export.load_dflash_dir(exported)

@@ -97,8 +97,8 @@ def test_example_v2_trains_the_published_qwen36_27b_drafter_and_passes_check(tmp
     monkeypatch.setattr(pf, "_mem_available_bytes", lambda: 1 << 50)
     path = tmp_path / "v2.json"
     path.write_text(json.dumps(v2))
-    plan = pf.preflight(parse_args(["--config", str(path)]))
-    d = plan.drafter_config
+    facts = pf.preflight(parse_args(["--config", str(path)]))
+    d = facts.drafter_config
     for k, v in PUBLISHED_27B_DRAFTER.items():
         assert getattr(d, k) == v, k
     # and the explicit flags are the defaults for this target: dropping them changes nothing

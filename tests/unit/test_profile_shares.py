@@ -4,7 +4,7 @@ not count as a convolution), and by record_function region when there are region
 
 import json
 
-from flashfleet_trainer.bench_drafter import idle_table, launch_table, share_table
+from tests.benchmarks.bench_drafter import idle_table, launch_table, share_table
 
 KERNELS = {  # name -> microseconds; names as the H200 profiles printed them
     "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": 700.0,

@@ -129,12 +129,12 @@ def _argv(model, data, out, *extra):
 
 def test_check_on_the_real_qwen36_27b_shape_derives_the_published_drafter(tmp_path, data_dir, no_weights_read):
     model = fake_wrapped_checkpoint(tmp_path / "Qwen3.6-27B", QWEN36_27B)
-    plan = pf.preflight(parse_args(_argv(model, data_dir, tmp_path / "run")))
-    d = plan.drafter_config
+    facts = pf.preflight(parse_args(_argv(model, data_dir, tmp_path / "run")))
+    d = facts.drafter_config
     for k, v in PUBLISHED_27B_DRAFTER.items():
         assert getattr(d, k) == v, k
-    assert plan.layer_ids == [1, 16, 31, 46, 61] and plan.vocab_size == 248320 and plan.mask_token_id == 248070
-    text = "\n".join(plan.summary)
+    assert facts.layer_ids == [1, 16, 31, 46, 61] and facts.vocab_size == 248320 and facts.mask_token_id == 248070
+    text = "\n".join(facts.summary)
     assert "qwen3_5, text qwen3_5_text, 64 layers: 48 linear_attention, 16 full_attention, hidden 5120" in text
     assert "2 other tensor(s) (vision tower, MTP) never read" in text
     assert "linear attention (48 Gated-DeltaNet layers) on CPU" in text
@@ -144,12 +144,12 @@ def test_check_on_the_real_qwen36_27b_shape_derives_the_published_drafter(tmp_pa
 
 def test_check_on_the_qwen35_35b_a3b_shape(tmp_path, data_dir, no_weights_read):
     model = fake_wrapped_checkpoint(tmp_path / "Qwen3.5-35B-A3B", QWEN35_35B_A3B)
-    plan = pf.preflight(parse_args(_argv(model, data_dir, tmp_path / "run")))
-    d = plan.drafter_config
-    assert plan.layer_ids == [1, 10, 19, 28, 37] and d.mask_token_id == 248070 and d.hidden_size == 2048
+    facts = pf.preflight(parse_args(_argv(model, data_dir, tmp_path / "run")))
+    d = facts.drafter_config
+    assert facts.layer_ids == [1, 10, 19, 28, 37] and d.mask_token_id == 248070 and d.hidden_size == 2048
     assert (d.num_attention_heads, d.num_key_value_heads, d.head_dim, d.intermediate_size) == (32, 8, 128, 6144)
     assert "qwen3_5_moe, text qwen3_5_moe_text, 40 layers: 30 linear_attention, 10 full_attention" in \
-        "\n".join(plan.summary)
+        "\n".join(facts.summary)
 
 
 def test_flags_override_the_drafter_shape(tmp_path, data_dir, no_weights_read):
@@ -176,8 +176,8 @@ def test_flags_override_the_drafter_shape(tmp_path, data_dir, no_weights_read):
 def test_a_qwen3_target_needs_a_window_for_sliding_layers(trainer_argv):
     with pytest.raises(ConfigError, match="sliding_window"):
         pf.preflight(parse_args(trainer_argv("--drafter-layer-types", "sliding")))
-    plan = pf.preflight(parse_args(trainer_argv("--drafter-layer-types", "sliding", "--sliding-window", "8")))
-    assert plan.drafter_config.layer_types == ["sliding_attention"] and plan.drafter_config.sliding_window == 8
+    facts = pf.preflight(parse_args(trainer_argv("--drafter-layer-types", "sliding", "--sliding-window", "8")))
+    assert facts.drafter_config.layer_types == ["sliding_attention"] and facts.drafter_config.sliding_window == 8
 
 
 def _fake_gpus(monkeypatch, n=8):
@@ -197,12 +197,12 @@ def test_a_gpu_run_on_the_slow_linear_attention_path_is_refused(tmp_path, data_d
     with pytest.raises(ConfigError, match="torch fallback on GPU") as e:
         pf.preflight(parse_args(argv))
     assert "--allow-slow-linear-attention" in e.value.fix and "flash-linear-attention" in e.value.fix
-    plan = pf.preflight(parse_args([*argv, "--allow-slow-linear-attention"]))
-    assert any("torch reference (slow)" in s and "allowed by --allow-slow-linear-attention" in s for s in plan.summary)
+    facts = pf.preflight(parse_args([*argv, "--allow-slow-linear-attention"]))
+    assert any("torch reference (slow)" in s and "allowed by --allow-slow-linear-attention" in s for s in facts.summary)
     monkeypatch.setattr(pf, "linear_attention_kernels", lambda cfg=None: {
         "chunk_gated_delta_rule": "fla.ops.gated_delta_rule.chunk", "causal_conv1d_fn": "torch"})
-    plan = pf.preflight(parse_args(argv))
-    line = next(s for s in plan.summary if s.startswith("linear attention"))
+    facts = pf.preflight(parse_args(argv))
+    line = next(s for s in facts.summary if s.startswith("linear attention"))
     assert "on GPU: delta rule flash-linear-attention (fla.ops.gated_delta_rule.chunk), short conv torch conv1d" in line
     from flashfleet_trainer import short_conv  # where fla's convolution kernel imports, it is bound at load
 
@@ -216,7 +216,7 @@ def test_a_gpu_run_on_the_slow_linear_attention_path_is_refused(tmp_path, data_d
 
 def test_this_hosts_linear_attention_kernels_are_named():
     """What transformers actually bound here (the CPU venv has neither package): the torch path."""
-    from flashfleet_trainer.model import linear_attention_kernels
+    from flashfleet_trainer.target import linear_attention_kernels
 
     k = linear_attention_kernels()
     assert set(k) == {"chunk_gated_delta_rule", "causal_conv1d_fn"}
@@ -233,10 +233,10 @@ def test_the_mask_token_must_be_a_spare_row_of_the_tokenizer(tmp_path, data_dir,
     tok = {"model": {"type": "BPE", "vocab": {f"t{i}": i for i in range(248044)}},
            "added_tokens": [{"id": 248044 + i, "content": f"<|special{i}|>"} for i in range(26)]}
     (model / "tokenizer.json").write_text(json.dumps(tok))
-    plan = pf.preflight(parse_args(_argv(model, data_dir, tmp_path / "run")))
-    assert any("mask id 248070: a spare row (not a token of the tokenizer's 248070)" in s for s in plan.summary)
-    plan = pf.preflight(parse_args(_argv(model, data_dir, tmp_path / "run", "--mask-token-id", "248050")))
-    assert any("the tokenizer's added token '<|special6|>'" in s for s in plan.summary)
+    facts = pf.preflight(parse_args(_argv(model, data_dir, tmp_path / "run")))
+    assert any("mask id 248070: a spare row (not a token of the tokenizer's 248070)" in s for s in facts.summary)
+    facts = pf.preflight(parse_args(_argv(model, data_dir, tmp_path / "run", "--mask-token-id", "248050")))
+    assert any("the tokenizer's added token '<|special6|>'" in s for s in facts.summary)
     with pytest.raises(ConfigError, match="ordinary token 't1000'"):
         pf.preflight(parse_args(_argv(model, data_dir, tmp_path / "run", "--mask-token-id", "1000")))
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from flashfleet_trainer.model import (
+from flashfleet_trainer.target import (
     HiddenStateProducer,
     checkpoint_tensors,
     load_frozen_io,
@@ -231,7 +231,7 @@ def test_without_soft_labels_the_forward_stops_at_the_deepest_feature_layer(hybr
 
 
 def test_length_groups_bound_the_padding_and_cover_every_sequence():
-    from flashfleet_trainer.model import length_groups
+    from flashfleet_trainer.target import length_groups
 
     rng = torch.Generator().manual_seed(4)
     for _ in range(50):

@@ -9,8 +9,9 @@ import json
 import pytest
 import torch
 from flashfleet_trainer.cli import main
+from flashfleet_trainer.drafter import DFlashDrafter, load_drafter
 from flashfleet_trainer.evaluate import load_prompts, speculative_tau
-from flashfleet_trainer.model import DFlashDrafter, HiddenStateProducer, load_drafter
+from flashfleet_trainer.target import HiddenStateProducer
 
 pytestmark = pytest.mark.slow  # about 1.5 minutes on 2 cores
 

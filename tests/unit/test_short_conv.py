@@ -9,8 +9,8 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from flashfleet_trainer import model as ff_model
 from flashfleet_trainer import short_conv
+from flashfleet_trainer import target as ff_target
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -83,21 +83,21 @@ def test_bind_replaces_only_the_torch_fallback_and_unbind_restores_it(fake_fla, 
     from transformers.models.qwen3_5 import modeling_qwen3_5
 
     before = modeling_qwen3_5.causal_conv1d_fn
-    assert ff_model.linear_attention_kernels()["causal_conv1d_fn"] == "torch"
-    assert ff_model.torch_conv_modules() == list(ff_model.HYBRID_MODELING.values())
-    assert short_conv.bind(ff_model.torch_conv_modules()) == list(ff_model.HYBRID_MODELING.values())
+    assert ff_target.linear_attention_kernels()["causal_conv1d_fn"] == "torch"
+    assert ff_target.torch_conv_modules() == list(ff_target.HYBRID_MODELING.values())
+    assert short_conv.bind(ff_target.torch_conv_modules()) == list(ff_target.HYBRID_MODELING.values())
     bound = modeling_qwen3_5.causal_conv1d_fn
     assert bound is not before and bound.fallback is before
-    assert ff_model.linear_attention_kernels()["causal_conv1d_fn"] == short_conv.KERNEL_MODULE
-    assert ff_model.torch_conv_modules() == []
-    short_conv.bind(list(ff_model.HYBRID_MODELING.values()))
+    assert ff_target.linear_attention_kernels()["causal_conv1d_fn"] == short_conv.KERNEL_MODULE
+    assert ff_target.torch_conv_modules() == []
+    short_conv.bind(list(ff_target.HYBRID_MODELING.values()))
     assert modeling_qwen3_5.causal_conv1d_fn is bound  # idempotent
     short_conv.unbind()
     assert modeling_qwen3_5.causal_conv1d_fn is before
-    monkeypatch.setattr(ff_model, "linear_attention_kernels", lambda cfg=None: {"causal_conv1d_fn": "causal_conv1d"})
-    assert ff_model.torch_conv_modules() == []  # transformers bound causal-conv1d: kept
+    monkeypatch.setattr(ff_target, "linear_attention_kernels", lambda cfg=None: {"causal_conv1d_fn": "causal_conv1d"})
+    assert ff_target.torch_conv_modules() == []  # transformers bound causal-conv1d: kept
     monkeypatch.setattr(short_conv, "fla_kernel", lambda: None)
-    assert short_conv.bind(list(ff_model.HYBRID_MODELING.values())) == [] and modeling_qwen3_5.causal_conv1d_fn is before
+    assert short_conv.bind(list(ff_target.HYBRID_MODELING.values())) == [] and modeling_qwen3_5.causal_conv1d_fn is before
 
 
 def test_a_cpu_target_keeps_the_torch_path(monkeypatch):
@@ -105,7 +105,7 @@ def test_a_cpu_target_keeps_the_torch_path(monkeypatch):
 
     monkeypatch.setattr(short_conv, "bind", lambda modules: pytest.fail("bound for a CPU target"))
     model = make_hybrid_target(64, 32, 4, seed=0)[0].eval()
-    assert ff_model.fast_kernels(model) is model
+    assert ff_target.fast_kernels(model) is model
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=CUDA)])
@@ -127,12 +127,12 @@ def test_flas_kernel_matches_the_torch_path_alone_and_in_a_hybrid_target(device)
     model = make_hybrid_target(64, 128, 8, seed=3)[0].to(device, torch.bfloat16).eval().requires_grad_(False)
     ids = torch.randint(1, 63, (3, 48), generator=torch.Generator().manual_seed(5))
     lengths = torch.tensor([48, 20, 37])
-    producer = ff_model.HiddenStateProducer(None, [device], [1, 3, 6], device, replicas=[(device, model)])
+    producer = ff_target.HiddenStateProducer(None, [device], [1, 3, 6], device, replicas=[(device, model)])
     short_conv.unbind()
     ref = producer.forward_batch(ids, lengths)
     try:
-        assert ff_model.fast_kernels(model) is model
-        assert ff_model.linear_attention_kernels()["causal_conv1d_fn"] == short_conv.KERNEL_MODULE
+        assert ff_target.fast_kernels(model) is model
+        assert ff_target.linear_attention_kernels()["causal_conv1d_fn"] == short_conv.KERNEL_MODULE
         out = producer.forward_batch(ids, lengths)
     finally:
         short_conv.unbind()

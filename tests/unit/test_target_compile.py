@@ -6,14 +6,8 @@ On CPU through dynamo's eager backend (exact); on a GPU through inductor (bf16 r
 
 import pytest
 import torch
-from flashfleet_trainer.model import (
-    HiddenStateProducer,
-    _CompiledUnlessCached,
-    compile_decoder_layers,
-    compiled_by_default,
-    linear_attention_kernels,
-    load_target_model,
-)
+from flashfleet_trainer.compilation import _CompiledUnlessCached, compile_decoder_layers, compiled_by_default
+from flashfleet_trainer.target import HiddenStateProducer, linear_attention_kernels, load_target_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 LAYER_IDS = [0, 2, 2]  # the tiny target has 4 layers; the deepest feature layer is 2
@@ -91,17 +85,18 @@ def test_which_targets_are_compiled_by_default():
 
 def test_the_producer_says_the_first_micro_batch_compiles(trainer_tiny, monkeypatch):
     """In one process the producer's status says so; a target worker process tells its main process."""
-    import flashfleet_trainer.model as m
+    import flashfleet_trainer.target as target
+    from flashfleet_trainer.compilation import compile_note
 
     said = []
-    monkeypatch.setattr(m, "compiled_by_default", lambda device: True)  # as on CUDA
-    monkeypatch.setattr(m, "compile_decoder_layers", lambda model: model.config.num_hidden_layers)
-    p = m.HiddenStateProducer(trainer_tiny / "model", ["cpu"], LAYER_IDS, "cpu", on_status=said.append,
+    monkeypatch.setattr(target, "compiled_by_default", lambda device: True)  # as on CUDA (looked up in target)
+    monkeypatch.setattr(target, "compile_decoder_layers", lambda model: model.config.num_hidden_layers)
+    p = target.HiddenStateProducer(trainer_tiny / "model", ["cpu"], LAYER_IDS, "cpu", on_status=said.append,
                               compile_layers=True)
-    assert said[-1] == "target 1/1: " + m.compile_note(4) and p.compiled_layers == 4, said
-    assert m.compile_note(4).startswith("4 decoder layers compile in the first micro-batch")
+    assert said[-1] == "target 1/1: " + compile_note(4) and p.compiled_layers == 4, said
+    assert compile_note(4).startswith("4 decoder layers compile in the first micro-batch")
     said.clear()
-    p = m.HiddenStateProducer(trainer_tiny / "model", ["cpu"], LAYER_IDS, "cpu", on_status=said.append)
+    p = target.HiddenStateProducer(trainer_tiny / "model", ["cpu"], LAYER_IDS, "cpu", on_status=said.append)
     assert not any("compile" in s for s in said) and p.compiled_layers == 0, said  # not asked (evaluation, off)
 
 
@@ -109,12 +104,12 @@ def test_a_target_worker_tells_the_main_process_that_its_first_micro_batch_compi
     import queue
     from types import SimpleNamespace
 
-    import flashfleet_trainer.model as m
+    from flashfleet_trainer.compilation import compile_note
     from flashfleet_trainer.topology import load_target
 
-    for layers, want in ((64, [("loaded", 3), ("status", "target worker 3: " + m.compile_note(64))]),
+    for layers, want in ((64, [("loaded", 3), ("status", "target worker 3: " + compile_note(64))]),
                          (0, [("loaded", 3)])):  # eager (a CPU target, --target-compile off): no note
-        monkeypatch.setattr(m.HiddenStateProducer, "for_training",
+        monkeypatch.setattr(HiddenStateProducer, "for_training",
                             classmethod(lambda cls, *a, n=layers, **k: SimpleNamespace(compiled_layers=n)))
         events = queue.Queue()
         assert load_target(3, "target worker 3", "cuda:3", None, [1, 2], events).compiled_layers == layers

@@ -12,23 +12,21 @@ import copy
 import numpy as np
 import pytest
 import torch
-from flashfleet_trainer.config import ConfigError, parse_args
-from flashfleet_trainer.data import build_blocks
-from flashfleet_trainer.model import (
+from flashfleet_trainer.attention import (
     TILE,
-    DFlashDrafter,
-    DrafterConfig,
     SparseAttention,
     block_attention_inputs,
     block_mask_intervals,
     bucket,
-    drafter_hidden,
     flex_available,
     flex_layouts,
     interval_block_mask,
     interval_mask_mod,
     resolve_attn_impl,
 )
+from flashfleet_trainer.config import ConfigError, parse_args
+from flashfleet_trainer.data import build_blocks
+from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig, drafter_hidden
 from flashfleet_trainer.trainer import Prepared
 
 needs_flex = pytest.mark.skipif(not flex_available(), reason="this torch has no torch.nn.attention.flex_attention")
@@ -408,7 +406,7 @@ def test_drafter_config_layer_types_defaults_and_old_checkpoints():
         DrafterConfig(**{**old, "layer_types": ["sliding_attention"] * 3})
     with pytest.raises(ValueError, match="layer_types"):
         DrafterConfig(**{**old, "layer_types": ["full_attention"] * 2})
-    from flashfleet_trainer.model import parse_layer_types
+    from flashfleet_trainer.drafter import parse_layer_types
 
     assert parse_layer_types("sliding*4,full", 5) == ["sliding_attention"] * 4 + ["full_attention"]
     with pytest.raises(ValueError, match="not one of"):

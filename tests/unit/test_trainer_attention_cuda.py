@@ -12,8 +12,9 @@ must be as close to the fp32 reference as the same ops run one by one.
 import numpy as np
 import pytest
 import torch
+from flashfleet_trainer.attention import flex_available
 from flashfleet_trainer.data import build_blocks, sample_anchors
-from flashfleet_trainer.model import DFlashDrafter, DrafterConfig, drafter_hidden, flex_available
+from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig, drafter_hidden
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -87,9 +88,9 @@ def test_flex_does_not_recompile_for_micro_batches_of_the_same_bucket():
 
 
 def test_compiled_elementwise_matches_op_by_op(monkeypatch):
-    """RMSNorm, RoPE and SwiGLU compiled (`model._fused`, the default on CUDA) against the same ops
+    """RMSNorm, RoPE and SwiGLU compiled (`drafter._fused`, the default on CUDA) against the same ops
     run one by one: as close to the fp32 reference, forward and gradients."""
-    import flashfleet_trainer.model as m
+    import flashfleet_trainer.drafter as m
 
     drafter, embed, feats, tokens = _setup()
     blocks = _blocks(tokens, 6)

@@ -5,6 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from flashfleet_trainer.attention import block_attention_inputs
 from flashfleet_trainer.config import ConfigError
 from flashfleet_trainer.data import (
     anchor_candidates,
@@ -14,15 +15,9 @@ from flashfleet_trainer.data import (
     sample_anchors,
     spread_anchors,
 )
+from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig, drafter_hidden
 from flashfleet_trainer.loss import IGNORE
-from flashfleet_trainer.model import (
-    DFlashDrafter,
-    DrafterConfig,
-    block_attention_inputs,
-    default_target_layers,
-    drafter_hidden,
-    layer_ids_problem,
-)
+from flashfleet_trainer.target import default_target_layers, layer_ids_problem
 
 MASK = 99
 

@@ -15,16 +15,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig
 from flashfleet_trainer.evaluate import CachedSession, load_prompts, speculative_tau
 from flashfleet_trainer.evaluate import main as eval_main
-from flashfleet_trainer.model import DFlashDrafter, DrafterConfig, HiddenStateProducer
 from flashfleet_trainer.sampling import Sampling
+from flashfleet_trainer.target import HiddenStateProducer
 from transformers import AutoConfig
 
 BLOCK = 4
 
 
-# the cache goes by the name the installed transformers takes (`model.cache_kwarg`), never a deprecated one
+# the cache goes by the name the installed transformers takes (`compilation.cache_kwarg`), never a deprecated one
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.filterwarnings("error::FutureWarning")]
 
 

@@ -89,7 +89,7 @@ def test_a_rank_fed_by_servers_borrows_a_replica_for_each_interval_evaluation(tr
     out = tmp_path / "run"
     args = parse_args(trainer_argv("--max-steps", "4", "--eval-interval", "2", "--eval-interval-prompts", "1",
                                    "--eval-max-new-tokens", "4", "--save-interval", "100", out=out))
-    plan = preflight(args)
+    facts = preflight(args)
     out.mkdir()
     producers = []
     orig = Trainer.interval_eval
@@ -100,8 +100,8 @@ def test_a_rank_fed_by_servers_borrows_a_replica_for_each_interval_evaluation(tr
 
     Trainer.interval_eval = watch
     try:
-        feed = _ServedElsewhere(InProcessFeed(args, plan, "cpu", lambda s: None))
-        assert run_rank(args, plan, log=print, feed=feed) == "completed"
+        feed = _ServedElsewhere(InProcessFeed(args, facts, "cpu", lambda s: None))
+        assert run_rank(args, facts, log=print, feed=feed) == "completed"
     finally:
         Trainer.interval_eval = orig
     evals = [r for r in contract.read(out / "metrics.jsonl") if not contract.is_step(r)]

@@ -1,9 +1,9 @@
-"""model.gather_rows: x[i, j] as one index_select over x's flattened first two dimensions (the
+"""drafter.gather_rows: x[i, j] as one index_select over x's flattened first two dimensions (the
 drafter's context gather and the teacher rows' gather). The oracle is torch's own x[i, j]."""
 
 import pytest
 import torch
-from flashfleet_trainer.model import gather_rows
+from flashfleet_trainer.drafter import gather_rows
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from flashfleet.contract import layout, runstate
+from flashfleet.contract import layout, starts
 from flashfleet.contract import metrics as contract
 from flashfleet_trainer.config import ConfigError, parse_args
 from flashfleet_trainer.launch import run
@@ -50,7 +50,7 @@ def test_resumed_run_has_each_step_once(trainer_argv, tmp_path):
     ref = [r["loss"] for r in contract.read(straight / layout.METRICS) if contract.is_step(r)]
     assert [r["loss"] for r in steps] == pytest.approx(ref, rel=1e-5)
     assert contract.restarts(history) == [{contract.INVOCATION: 2, "step": 2}]
-    assert runstate.read(split / layout.RUN_STATE)[runstate.INVOCATION] == 2
+    assert starts.read(split / layout.RUN_STATE)[starts.INVOCATION] == 2
 
 
 def test_supersede_rules():
@@ -92,9 +92,9 @@ def test_wandb_offline_keeps_one_run_id_across_restarts(trainer_argv, tmp_path, 
     common = ("--max-steps", "4", "--save-interval", "2", "--wandb-project", "flashfleet-test")
     with pytest.raises(Crash):
         run(parse_args(trainer_argv(*common, out=out)), log=lambda s: None, on_step=_crash_at(3))
-    first = runstate.read(out / layout.RUN_STATE)[runstate.WANDB_ID]
+    first = starts.read(out / layout.RUN_STATE)[starts.WANDB_ID]
     assert run(parse_args(trainer_argv(*common, out=out)), log=lambda s: None) == 0
-    assert runstate.read(out / layout.RUN_STATE)[runstate.WANDB_ID] == first
+    assert starts.read(out / layout.RUN_STATE)[starts.WANDB_ID] == first
     runs = sorted((out / layout.WANDB).glob("offline-run-*"))
     assert len(runs) == 2, runs  # one directory per start, both of the one W&B run
     # named offline-run-<time>-<id>, with "-1" after it where both starts fell in the same second
@@ -104,4 +104,4 @@ def test_wandb_offline_keeps_one_run_id_across_restarts(trainer_argv, tmp_path, 
     other = tmp_path / "elsewhere" / "run"
     assert run(parse_args(trainer_argv("--max-steps", "1", "--wandb-project", "flashfleet-test", out=other)),
                log=lambda s: None) == 0
-    assert runstate.read(other / layout.RUN_STATE)[runstate.WANDB_ID] != first
+    assert starts.read(other / layout.RUN_STATE)[starts.WANDB_ID] != first

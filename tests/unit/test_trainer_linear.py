@@ -1,4 +1,4 @@
-"""model.Linear and model.project: the drafter's linear layers. Under CUDA bf16 autocast with fp32
+"""drafter.Linear and drafter.project: the drafter's linear layers. Under CUDA bf16 autocast with fp32
 weights, each weight's gradient comes out of the GEMM in fp32 (no bf16 rounding, no cast kernel), and
 layers that share an input run as one GEMM; everything else is nn.Linear's. The oracle is the same
 product in fp64."""
@@ -6,7 +6,7 @@ product in fp64."""
 import pytest
 import torch
 import torch.nn as nn
-from flashfleet_trainer.model import DFlashDrafter, DrafterConfig, Linear, project
+from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig, Linear, project
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: the bf16 autocast path")
 

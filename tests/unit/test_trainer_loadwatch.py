@@ -15,7 +15,7 @@ import time
 import pytest
 from flashfleet.contract import layout
 from flashfleet.contract import status as contract
-from flashfleet_trainer import model as model_mod
+from flashfleet_trainer import target as target_mod
 from flashfleet_trainer.config import ConfigError, parse_args
 from flashfleet_trainer.launch import run
 from flashfleet_trainer.loadwatch import LoadWatch, mapped_bytes, shard_files, stall_seconds
@@ -79,14 +79,14 @@ def test_slow_load_of_the_tiny_target_extends_and_reports(trainer_argv, trainer_
     monkeypatch.setattr(contract, "LOAD_TICK_S", 0.02)
     (shard,) = shard_files(trainer_tiny / "model")
     seen = []  # status.json as a reader sees it while the load goes on
-    real = model_mod.load_target_model
+    real = target_mod.load_target_model
 
     def slow_disk(model_dir, device, dtype):
         with open(shard, "rb") as f, mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as mm:
             _touch(mm, 0, len(mm), 0.15, 6, lambda: seen.append(json.loads((out / layout.STATUS).read_text())))
             return real(model_dir, device, dtype)
 
-    monkeypatch.setattr(model_mod, "load_target_model", slow_disk)
+    monkeypatch.setattr(target_mod, "load_target_model", slow_disk)
     try:
         assert run(parse_args(trainer_argv("--max-steps", "1", out=out)), log=lambda s: None) == 0
     finally:

@@ -1,10 +1,10 @@
-"""model.context_noise: the drafter's context noise comes from the micro-batch's generator. On the
+"""drafter.context_noise: the drafter's context noise comes from the micro-batch's generator. On the
 CPU it is that generator's own randn (as before); on a GPU it is drawn on the device from a seed the
 generator gives, so the same micro-batch gets the same noise and the host draws one number."""
 
 import pytest
 import torch
-from flashfleet_trainer.model import context_noise
+from flashfleet_trainer.drafter import context_noise
 
 
 def test_on_cpu_it_is_the_generators_randn():

@@ -388,12 +388,12 @@ def test_a_server_split_names_the_servers_gpus_and_the_drafters():
     """The trainer sees only the drafter GPUs; the servers' are the lowest ids those leave."""
     import types
 
-    plan = types.SimpleNamespace(servers=["s0", "s1"], drafter_devices=["cuda:4", "cuda:5", "cuda:6", "cuda:7"])
+    facts = types.SimpleNamespace(servers=["s0", "s1"], drafter_devices=["cuda:4", "cuda:5", "cuda:6", "cuda:7"])
     row = best_split(8, 1000.0, 300.0, 0.5, per_target=2)[1]
-    assert server_flags(plan, row, 2) == ('2 `vllm.servers` entries (--target-servers with 2 URL(s), --server-gpus 2): '
-                                          'gpus "0,1", gpus "2,3"; --drafter-gpus 4,5,6,7')
+    assert server_flags(facts, row, 2) == ('2 `vllm.servers` entries (--target-servers with 2 URL(s), --server-gpus 2): '
+                                           'gpus "0,1", gpus "2,3"; --drafter-gpus 4,5,6,7')
     one = best_split(8, 1000.0, 300.0, 0.5, per_target=2)[0]
-    assert server_flags(plan, one, 2).endswith('gpus "0,1"; --drafter-gpus 2,3,4,5,6,7')
+    assert server_flags(facts, one, 2).endswith('gpus "0,1"; --drafter-gpus 2,3,4,5,6,7')
     cpu = types.SimpleNamespace(servers=["s0"], drafter_devices=["cpu", "cpu"])
     assert server_flags(cpu, best_split(4, 1.0, 1.0, 1.0, per_target=2)[0], 2).endswith("; --drafter-gpus cpu,cpu")
 

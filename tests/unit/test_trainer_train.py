@@ -60,7 +60,7 @@ def test_short_run_writes_metrics_status_checkpoints_and_notifies(trainer_argv, 
     assert st["phase"] == "completed" and st["ready"] and st["step"] == 3 and st["last_error"] is None
     names = [p.name for p in complete_checkpoints(out / "checkpoints")]
     assert names == ["step-00000002", "step-00000003"] and st["newest_checkpoint"].endswith("step-00000003")
-    from flashfleet_trainer.model import load_drafter
+    from flashfleet_trainer.drafter import load_drafter
 
     drafter = load_drafter(out / "checkpoints" / "step-00000003")  # loads standalone for inference
     assert drafter.config.block_size == 4
@@ -152,7 +152,7 @@ def test_soft_labels_at_kl_weight_0_skip_the_targets_final_state_and_train_as_ce
     """--use-soft-labels with --kl-weight 0 has no teacher term: the target stops at its deepest
     feature layer as in a CE-only run (the feed never asks for the final state), the trainer
     gathers no teacher rows, and the losses are the CE-only run's; a KL weight above 0 asks for it."""
-    from flashfleet_trainer.model import HiddenStateProducer
+    from flashfleet_trainer.target import HiddenStateProducer
 
     asked, real = [], HiddenStateProducer.forward_batch
 

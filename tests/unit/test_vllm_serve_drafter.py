@@ -16,7 +16,7 @@ import torch
 from flashfleet_trainer import export
 from flashfleet_trainer.cli import main as train_main
 from flashfleet_trainer.evaluate import load_exported_drafter, load_prompts, speculative_tau
-from flashfleet_trainer.model import HiddenStateProducer
+from flashfleet_trainer.target import HiddenStateProducer
 
 from tests.vllm_server import ROOT, VLLM_PYTHON, need_vllm
 

@@ -158,12 +158,12 @@ def servers(tiny, tmp_path_factory):
 
 def test_features_from_the_server_equal_the_in_process_targets(servers, argv):
     args = parse_args(argv("--use-soft-labels", "--target-servers", servers[0].url))
-    plan = preflight(args)
+    facts = preflight(args)
     assert wants_final_state(args)
     ref_args = parse_args(argv("--use-soft-labels"))
     ref = InProcessFeed(ref_args, preflight(ref_args), "cpu", lambda s: None)
-    feed = VllmFeed.for_training(args, plan, "cpu")
-    data = load_data(args.data_dir, args.max_seq_len, plan.vocab_size)
+    feed = VllmFeed.for_training(args, facts, "cpu")
+    data = load_data(args.data_dir, args.max_seq_len, facts.vocab_size)
     batches = MicroBatches(data.lengths, args).epoch(0)[:3]
     ref.start(data, iter([]))
     feed.start(data, iter((0, i, idx) for i, idx in enumerate(batches)))

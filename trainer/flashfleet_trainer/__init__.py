@@ -9,7 +9,7 @@ Modules, in reading order:
   metrics     the writers of metrics.jsonl and status.json (their format: flashfleet.contract)
   notify      sd_notify over $NOTIFY_SOCKET (one Notifier type, with a no-op variant)
   wandb_compat  a version-checked wandb wrapper that fails at --check, not an hour in
-  preflight   everything --check validates, and the Plan a run starts from
+  preflight   everything --check validates, and the StartFacts a run starts from
   feed        where a drafter rank's hidden states come from (in-process or a queue)
   trainer     one drafter rank's training loop (Trainer), read top to bottom
   topology    target and drafter processes, nodes, rendezvous, heartbeats

@@ -56,19 +56,12 @@ import torch.nn.functional as F
 from flashfleet.contract import layout
 
 from . import hybrid_cache
+from .attention import block_attention_inputs, layer_windows
 from .data import Blocks
+from .drafter import DFlashDrafter, DrafterConfig, default_mask_token_id, drafter_hidden
 from .loss import IGNORE
-from .model import (
-    DFlashDrafter,
-    DrafterConfig,
-    block_attention_inputs,
-    default_mask_token_id,
-    default_target_layers,
-    drafter_hidden,
-    layer_windows,
-    text_config_of,
-)
 from .sampling import GREEDY, Sampling, Stats, decode
+from .target import default_target_layers, text_config_of
 
 
 class PromptError(ValueError):
@@ -377,7 +370,8 @@ def _tokenizer_of(target_model):
 def main(argv=None):
     from .checkpoint import complete_checkpoints
     from .config import EX_CONFIG, ConfigError
-    from .model import HiddenStateProducer, load_drafter
+    from .drafter import load_drafter
+    from .target import HiddenStateProducer
 
     p = argparse.ArgumentParser(prog="dflash-eval", description="Measure the real acceptance length tau of a "
                                 "drafter by speculative decoding with the target (CPU or one GPU), greedy or sampled, "

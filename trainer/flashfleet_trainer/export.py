@@ -14,7 +14,7 @@ checkpoint (default: the newest complete one of a run directory); `load_dflash_d
 one place that knows the format's names and keys (docs/export.md).
 
 Semantics (checked against z-lab's `DFlashDraftModel`, tests/unit/test_export.py): the same
-drafter as model.py, i.e. features are the outputs of decoder layers `target_layer_ids` (HF
+drafter as drafter.py, i.e. features are the outputs of decoder layers `target_layer_ids` (HF
 hidden_states[i+1]); context K/V from hidden_norm(fc(features)) without input_layernorm, k_norm,
 RoPE at absolute positions; the block is [anchor, mask x (B-1)] at positions anchor..anchor+B-1,
 slot k >= 1 predicts the token at anchor+k; every layer is full (non-causal) attention.
@@ -37,7 +37,8 @@ from flashfleet.contract import safetensors as st_contract
 from flashfleet.contract.files import fsync_dir, fsync_file
 
 from .config import EX_CONFIG, ConfigError
-from .model import DrafterConfig, default_target_layers, layer_ids_problem
+from .drafter import DrafterConfig
+from .target import default_target_layers, layer_ids_problem
 
 WEIGHTS, CONFIG, README = "model.safetensors", "config.json", "README.md"
 ARCHITECTURE = "DFlashDraftModel"
@@ -307,7 +308,7 @@ def read_dflash_dir(path) -> tuple[DrafterConfig, dict]:
 
 def load_dflash_dir(path) -> tuple[DrafterConfig, dict]:
     """(DrafterConfig, state dict in our names, fp32) of a DFlash drafter directory, validated by
-    read_dflash_dir first. Loads into `model.DFlashDrafter(cfg)` with load_state_dict."""
+    read_dflash_dir first. Loads into `drafter.DFlashDrafter(cfg)` with load_state_dict."""
     import torch
     from safetensors.torch import load_file
 

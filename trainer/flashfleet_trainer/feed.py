@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 
 from .evaluate import worker_eval
-from .model import HiddenStateProducer
+from .target import HiddenStateProducer
 
 
 @dataclass
@@ -114,10 +114,10 @@ class InProcessFeed(Feed):
     It also hands the Trainer the target's embedding and LM head (`embed_weight`, `lm_head_weight`)
     and the producer itself (evaluation reuses it), so the target is loaded once."""
 
-    def __init__(self, args, plan, device, log):
-        self.producer = HiddenStateProducer.for_training(args, plan.target_devices, plan.layer_ids, device, log)
+    def __init__(self, args, facts, device, log):
+        self.producer = HiddenStateProducer.for_training(args, facts.target_devices, facts.layer_ids, device, log)
         self.embed_weight, self.lm_head_weight = self.producer.embed_weight, self.producer.lm_head_weight
-        self.devices = plan.target_devices + [device]
+        self.devices = facts.target_devices + [device]
         self.want_last = wants_final_state(args)
         self.data = None  # set by start()
 

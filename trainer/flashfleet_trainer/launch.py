@@ -22,25 +22,25 @@ from .trainer import run_rank
 
 def run(args, log=print, on_step=None) -> int:
     """Preflight, then --check, --plan, or train. ConfigError propagates (the CLI turns it into exit 78)."""
-    plan = preflight(args)
+    facts = preflight(args)
     if args.serve_config:
         from .vllm_format import server_layer_ids
         from .vllm_target import serve_argv
 
-        log(json.dumps({"argv": serve_argv(plan.layer_ids, plan.num_target_layers),
-                        "layers": server_layer_ids(plan.layer_ids, plan.num_target_layers)}))
+        log(json.dumps({"argv": serve_argv(facts.layer_ids, facts.num_target_layers),
+                        "layers": server_layer_ids(facts.layer_ids, facts.num_target_layers)}))
         return 0
     if args.check:
-        for line in plan.summary:
+        for line in facts.summary:
             log("check: " + line)
         log("check: ok")
         return 0
     if args.plan:
-        return run_plan(args, plan, log)
+        return run_plan(args, facts, log)
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)  # the start is known good: writes begin here
     # leftovers cleaned, broken newest moved aside (as preflight found them: nothing hashed again)
-    prepare_checkpoints(Path(args.output_dir) / CHECKPOINTS, log, plan.checkpoints)
-    if plan.in_process(args):
-        run_rank(args, plan, log, on_step)
+    prepare_checkpoints(Path(args.output_dir) / CHECKPOINTS, log, facts.checkpoints)
+    if facts.in_process(args):
+        run_rank(args, facts, log, on_step)
         return 0
-    return supervise(args, plan, log)
+    return supervise(args, facts, log)

@@ -42,7 +42,7 @@ def stall_seconds() -> float:
 
 def shard_files(model_dir) -> list[Path]:
     """The target's safetensors shards that its load reads (a wrapped checkpoint's language model only)."""
-    from .model import checkpoint_tensors, is_wrapped, text_tensor_files
+    from .target import checkpoint_tensors, is_wrapped, text_tensor_files
 
     names = checkpoint_tensors(model_dir)
     files = text_tensor_files(names) if is_wrapped(names) else set(names.values())

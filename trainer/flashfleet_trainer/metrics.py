@@ -2,7 +2,7 @@
 run.json (what the run keeps across restarts).
 
 What the files hold, and how status.json is written atomically (a reader never sees half a
-file, even after SIGKILL), is the run's contract: `flashfleet.contract.status`, `.metrics`, `.runstate`
+file, even after SIGKILL), is the run's contract: `flashfleet.contract.status`, `.metrics`, `.starts`
 and `.layout`, which diagnose and collect read too. This file is the trainer's writer for them.
 """
 
@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashfleet.contract import layout, runstate, status
+from flashfleet.contract import layout, starts, status
 from flashfleet.contract import metrics as contract
 
 from .config import ConfigError
@@ -28,9 +28,9 @@ class RunStart:
 def begin_run(output_dir, name: str) -> RunStart:
     """One more start of the run (run.json); a damaged run.json is a ConfigError."""
     try:
-        state = runstate.begin(output_dir, name)
-        return RunStart(state[runstate.INVOCATION], state[runstate.WANDB_ID])
-    except runstate.RunStateError as e:
+        state = starts.begin(output_dir, name)
+        return RunStart(state[starts.INVOCATION], state[starts.WANDB_ID])
+    except starts.StartsError as e:
         raise ConfigError(f"cannot count this start: {e}",
                           f"restore {layout.RUN_STATE} from a backup or move it aside (a new one starts a new history)"
                           ) from e

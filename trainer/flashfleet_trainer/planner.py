@@ -41,14 +41,14 @@ import dataclasses
 
 from .feed import InProcessFeed
 from .metrics import Status
-from .preflight import Plan
+from .preflight import StartFacts
 from .trainer import Rank, Trainer
 from .vllm_target import VllmFeed
 
 
-def node_devices(plan: Plan) -> list[str]:
+def node_devices(facts: StartFacts) -> list[str]:
     """The node's devices as the user listed them: distinct GPUs, or every `cpu` entry."""
-    devs = plan.target_devices + plan.drafter_devices
+    devs = facts.target_devices + facts.drafter_devices
     if all(d == "cpu" for d in devs):
         return devs
     return sorted({d for d in devs if d != "cpu"}, key=lambda d: int(d.split(":")[1]))
@@ -104,21 +104,21 @@ def headroom_line(row: dict, max_anchors: int, peak_gib: float, serve: bool, ser
             + ("; that is the idle time --drafter-serves-target fills instead: take one or the other" if serve else ""))
 
 
-def measure(args, plan: Plan) -> dict:
+def measure(args, facts: StartFacts) -> dict:
     """A warm-up and --plan-steps training steps of one drafter rank in this process, fed by one
     target replica or, with servers, by the first vLLM server: Rt, Rd, rows_per_token, the peak."""
     a = copy.copy(args)
     a.resume, a.max_steps, a.eval_num_prompts = "never", args.plan_steps + 1, 0
-    one = dataclasses.replace(plan, target_devices=plan.target_devices[:1], drafter_devices=plan.drafter_devices[:1],
-                              servers=plan.servers[:1])
-    if plan.servers:
+    one = dataclasses.replace(facts, target_devices=facts.target_devices[:1], drafter_devices=facts.drafter_devices[:1],
+                              servers=facts.servers[:1])
+    if facts.servers:
         # One micro-batch in flight: the feed's target_s (its slowest request, all sent at once) then
         # adds up to the seconds the server was busy; deeper, the micro-batches overlap at the server
         # and the same seconds would count twice.
-        a.target_servers, a.queue_depth = plan.servers[0].url, 1
+        a.target_servers, a.queue_depth = facts.servers[0].url, 1
     trainer = Trainer(a, one, Status.null(), log=lambda s: None, rank=Rank())
     trainer.setup()
-    assert isinstance(trainer.feed, VllmFeed if plan.servers else InProcessFeed)
+    assert isinstance(trainer.feed, VllmFeed if facts.servers else InProcessFeed)
     try:
         recs = [trainer.train_step() for _ in range(a.max_steps)][1:]  # the first step warms up (and compiles)
     finally:
@@ -129,7 +129,7 @@ def measure(args, plan: Plan) -> dict:
             "rt": tokens / max(sum(r["target_s"] for r in recs), 1e-9),
             "rd": rows / max(sum(r["drafter_s"] for r in recs), 1e-9),
             "rpt": rows / max(tokens, 1), "peak_gib": max(r["peak_mem_bytes"] for r in recs) / 2**30,
-            "target": f"vLLM server {plan.servers[0].url}" if plan.servers else one.target_devices[0],
+            "target": f"vLLM server {facts.servers[0].url}" if facts.servers else one.target_devices[0],
             "drafter": one.drafter_devices[0]}
 
 
@@ -139,39 +139,39 @@ def device_flags(devs: list[str], k: int) -> str:
     return f"--target-gpus {','.join(ids[:k])} --drafter-gpus {','.join(ids[k:])}"
 
 
-def server_flags(plan: Plan, row: dict, server_gpus: int) -> str:
+def server_flags(facts: StartFacts, row: dict, server_gpus: int) -> str:
     """A split of best_split's with servers, as the inventory's `vllm.servers` and the trainer's flags
     take it. The trainer never sees the servers' GPUs: they are taken to be the lowest ids that
     --drafter-gpus does not list."""
     k = row["targets"]
     counts = (f"{k} `vllm.servers` entr{'y' if k == 1 else 'ies'} (--target-servers with {k} URL(s), "
               f"--server-gpus {server_gpus})")
-    if plan.drafter_devices[0] == "cpu":
+    if facts.drafter_devices[0] == "cpu":
         return f"{counts}; --drafter-gpus {','.join(['cpu'] * row['drafters'])}"
-    listed = [int(d.split(":")[1]) for d in plan.drafter_devices]
-    n_servers = len(plan.servers) * server_gpus
+    listed = [int(d.split(":")[1]) for d in facts.drafter_devices]
+    n_servers = len(facts.servers) * server_gpus
     node = sorted(listed + [i for i in range(n_servers + len(listed)) if i not in listed][:n_servers])
     cut = k * server_gpus
     gpus = ", ".join(f'gpus "{",".join(map(str, node[i:i + server_gpus]))}"' for i in range(0, cut, server_gpus))
     return f"{counts}: {gpus}; --drafter-gpus {','.join(map(str, node[cut:]))}"
 
 
-def run_plan(args, plan: Plan, log) -> int:
+def run_plan(args, facts: StartFacts, log) -> int:
     """Measure one target (or one vLLM server) and one drafter in this process, log the table and
     the best split. Writes nothing."""
-    m = measure(args, plan)
+    m = measure(args, facts)
     rt, rd, rpt, peak = m["rt"], m["rd"], m["rpt"], m["peak_gib"]
-    sg = args.server_gpus if plan.servers else 0
+    sg = args.server_gpus if facts.servers else 0
     per = f" (one micro-batch in flight; --server-gpus {sg})" if sg else ""
     log(f"plan: measured {m['steps']} step(s) after a warm-up; target on {m['target']}: {rt:,.0f} tokens/s{per}; "
         f"drafter on {m['drafter']}: {rd:,.0f} rows/s (peak {peak:.1f} GiB); "
         f"{rpt:.3f} draft rows per target token ({m['rows'] / m['steps']:,.0f} rows, "
         f"{m['tokens'] / m['steps']:,.0f} tokens per step)")
     if sg:  # the node: the servers' GPUs and the drafters'
-        n = len(plan.servers) * sg + len(plan.drafter_devices)
+        n = len(facts.servers) * sg + len(facts.drafter_devices)
         table = best_split(n, rt, rd, rpt, per_target=sg, serving=False)
     else:
-        devs = node_devices(plan)
+        devs = node_devices(facts)
         n = len(devs)
         if n < 2:
             both = 1 / (1 / max(rt * rpt, 1e-9) + 1 / max(rd, 1e-9))
@@ -186,7 +186,7 @@ def run_plan(args, plan: Plan, log) -> int:
             f"drafter rows/s ({row['bound']}-bound){serving}")
     best = max(table, key=lambda r: r["serving_rows_per_s"])
     k, serve = best["targets"], best["serving_rows_per_s"] > best["drafter_rows_per_s"]
-    flags = server_flags(plan, best, sg) if sg else device_flags(devs, k)
+    flags = server_flags(facts, best, sg) if sg else device_flags(devs, k)
     if serve:
         flags += " --drafter-serves-target"
     bound = "the drafters serving too" if serve else f"{best['bound']}-bound"

@@ -1,9 +1,9 @@
-"""Everything `--check` validates, and the Plan a run starts from.
+"""Everything `--check` validates, and the StartFacts a run starts from.
 
 `preflight(args)` is the first thing every start runs, so a deterministic start-up error is the
 same one-line ConfigError (exit 78) whether `--check` finds it on the controller or the unit
 finds it on the host. It loads no weights: config.json (a composite config through its
-text_config; `model.SUPPORTED_TARGETS`), the safetensors index and the headers of the shards a
+text_config; `target.SUPPORTED_TARGETS`), the safetensors index and the headers of the shards a
 replica would load (never their data; a wrapped checkpoint's vision shards are not even opened),
 the data's schema and values (token ids below the vocabulary, loss_mask lengths: from Parquet
 column statistics where every row group has them, else a bounded scan), devices against each
@@ -26,22 +26,20 @@ from flashfleet.contract.layout import CHECKPOINTS
 
 from . import checkpoint as ckpt
 from . import short_conv, wandb_compat
+from .attention import flex_available, resolve_attn_impl
 from .config import ConfigError, parse_devices
 from .data import check_schema
+from .drafter import DrafterConfig, default_mask_token_id
 from .loss import get_loss_fn
-from .model import (
-    DrafterConfig,
+from .target import (
     check_target_config,
     checkpoint_tensors,
-    default_mask_token_id,
     default_target_layers,
-    flex_available,
     frozen_io_names,
     is_hybrid,
     is_wrapped,
     layer_ids_problem,
     linear_attention_kernels,
-    resolve_attn_impl,
     supported_targets_line,
     text_tensor_files,
 )
@@ -49,8 +47,8 @@ from .transport import nccl_transport
 
 
 @dataclass(kw_only=True)
-class Plan:
-    """What preflight found: the facts the trainer starts from."""
+class StartFacts:
+    """What preflight found: the facts the trainer starts from (nothing to do with --plan, planner.py)."""
 
     target_config: object  # transformers config (None in spawned ranks, which need only drafter_config)
     layer_ids: list  # 0-based target decoder layers whose outputs are the drafter's features
@@ -227,7 +225,7 @@ def check_linear_attention(text_cfg, target_devices, allow_slow: bool) -> str:
     where = "GPU" if gpu else "CPU"
     rule_s = f"flash-linear-attention ({rule})" if rule != "torch" else "torch reference (slow)"
     if conv == "torch" and gpu and short_conv.fla_kernel() is not None:
-        conv = short_conv.KERNEL_MODULE  # bound as the target loads (model.fast_kernels)
+        conv = short_conv.KERNEL_MODULE  # bound as the target loads (target.fast_kernels)
     conv_s = "torch conv1d" if conv == "torch" else f"{conv.split('.')[0]} ({conv})"
     return (f"linear attention ({n_lin} Gated-DeltaNet layers) on {where}: delta rule {rule_s}, short conv "
             f"{conv_s}" + (" (allowed by --allow-slow-linear-attention)" if gpu and rule == "torch" else ""))
@@ -468,7 +466,7 @@ def check_checkpoints(args, dcfg: DrafterConfig, world: int) -> tuple[list[str],
 
 
 def drafter_config(args, tcfg, layer_ids, mask_id) -> DrafterConfig:
-    """The drafter this run builds: the target's defaults (`model.drafter_defaults`) and the flags.
+    """The drafter this run builds: the target's defaults (`drafter.drafter_defaults`) and the flags.
     Flags absent from `args` (an older Namespace) count as not given."""
     args = _DrafterFlags(args)
     for flag, v in (("--sliding-window", args.sliding_window), ("--drafter-num-heads", args.drafter_num_heads),
@@ -495,7 +493,7 @@ def drafter_config(args, tcfg, layer_ids, mask_id) -> DrafterConfig:
     return dcfg
 
 
-def preflight(args) -> Plan:
+def preflight(args) -> StartFacts:
     """Validate paths, model config, data schema, devices, memory and wandb. Raises ConfigError."""
     from transformers import AutoConfig
 
@@ -695,7 +693,7 @@ def preflight(args) -> Plan:
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK):
         raise ConfigError(f"--output-dir {out} is not writable", "create it or fix its ownership")
-    return Plan(target_config=tcfg, layer_ids=layer_ids, mask_token_id=mask_id, target_devices=target_devices,
+    return StartFacts(target_config=tcfg, layer_ids=layer_ids, mask_token_id=mask_id, target_devices=target_devices,
                 drafter_devices=drafter_devices, data_files=files, data_rows=rows, wandb_settings=settings,
                 summary=summary, drafter_config=dcfg, vocab_size=vocab, checkpoints=found, servers=servers,
                 num_target_layers=n_layers)

@@ -6,7 +6,7 @@ writes OUT/model (a model directory of the shape's architecture, bf16 safetensor
 and OUT/data/tokens.parquet. Throughput does not depend on the weights' values, so benchmarks at
 the real width need no download; quality figures use `dflash-tiny` instead.
 
-Shapes (`SHAPES`, the published configs' widths; the keys `bench_drafter` reads are the Qwen3
+Shapes (`SHAPES`, the published configs' widths; the keys tests/benchmarks/bench_drafter.py reads are the Qwen3
 ones: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
 head_dim, plus `model_type`, from which the drafter's defaults follow):
 - qwen3-8b, qwen3-32b: Qwen3ForCausalLM.

@@ -10,7 +10,7 @@ convolution").
 flash-linear-attention, in the lock for the gated delta rule, has the same operation as one Triton
 kernel on the [B, T, C] layout the input projection already has.
 
-`bind()` puts that kernel where transformers looks the function up (`model.fast_kernels` binds it
+`bind()` puts that kernel where transformers looks the function up (`target.fast_kernels` binds it
 only where transformers chose its torch fallback, for a CUDA target); the bound function hands CPU
 tensors and any call it does not take to the fallback it replaced.
 """
@@ -50,7 +50,7 @@ def conv1d_silu(fallback, kernel, devices=("cuda",)):
 
 def bind(modules) -> list[str]:
     """Bind fla's kernel as `causal_conv1d_fn` in each of `modules` (transformers' hybrid modeling
-    modules whose function it left on torch: `model.torch_conv_modules`); idempotent. Returns the
+    modules whose function it left on torch: `target.torch_conv_modules`); idempotent. Returns the
     modules bound (none without fla)."""
     kernel = fla_kernel()
     if kernel is None:

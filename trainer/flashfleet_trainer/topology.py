@@ -120,7 +120,8 @@ def load_target(index, name, device, args, layer_ids, events):
     """A target replica's producer (a worker's, or a serving drafter rank's: `name`), loaded; the main
     process is told, and, when the layers compile in the first micro-batch, why that one will be
     slow (its status line)."""
-    from .model import HiddenStateProducer, compile_note
+    from .compilation import compile_note
+    from .target import HiddenStateProducer
 
     producer = HiddenStateProducer.for_training(args, [device], layer_ids, device)
     events.put(("loaded", index))
@@ -154,7 +155,7 @@ def target_worker(index, device, args, layer_ids, requests, replies, events, n_p
 
 # ---- drafter rank ----------------------------------------------------------------------------
 
-def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, requests, replies, events,
+def drafter_rank(local_rank, rank, world, n_targets, args, facts, store_addr, requests, replies, events,
                  stop_event, main_pid, depth, n_procs, crashed_at):
     """One data-parallel drafter rank in its own process. Exit code: 0, 78 (config), 65 (a non-finite
     loss: every rank sees the same all-reduced one and stops at the same step), 1 (crash)."""
@@ -163,7 +164,7 @@ def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, req
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch.distributed as dist
 
-    device = plan.drafter_devices[local_rank]
+    device = facts.drafter_devices[local_rank]
     if device == "cpu":
         _cpu_threads(n_procs)
     else:
@@ -179,8 +180,8 @@ def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, req
                                     rank=rank, world_size=world, timeout=datetime.timedelta(hours=1))
         local = None
         if args.drafter_serves_target:  # a replica of its own, counted after the node's target workers
-            local = load_target(len(plan.target_devices) + local_rank, f"drafter rank {rank}'s target", device, args,
-                                plan.layer_ids, events)
+            local = load_target(len(facts.target_devices) + local_rank, f"drafter rank {rank}'s target", device, args,
+                                facts.layer_ids, events)
         feed = None if args.target_servers else QueueFeed(  # None: the Trainer asks the vLLM servers itself
             requests, replies[local_rank], local_rank, depth, device, local=local, all_replies=replies,
             want_last=wants_final_state(args), args=args)
@@ -188,7 +189,7 @@ def drafter_rank(local_rank, rank, world, n_targets, args, plan, store_addr, req
                  notifier=QueueNotifier(events) if local_rank == 0 else Notifier.null(), stop_event=stop_event,
                  main_pid=main_pid)
         log = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: print(f"[rank {rank}] {s}", flush=True))
-        run_rank(args, plan, log, rank=r, feed=feed)
+        run_rank(args, facts, log, rank=r, feed=feed)
     except ConfigError as e:
         print(e.line(), file=sys.stderr, flush=True)
         code = EX_CONFIG
@@ -223,9 +224,9 @@ def _describe_exit(code) -> str:
 class Node:
     """One node's main process: rendezvous, spawn, forward notifications, watch, stop."""
 
-    def __init__(self, args, plan, log):
-        self.args, self.plan, self.log = args, plan, log
-        self.T, self.D = len(plan.target_devices), len(plan.drafter_devices)
+    def __init__(self, args, facts, log):
+        self.args, self.facts, self.log = args, facts, log
+        self.T, self.D = len(facts.target_devices), len(facts.drafter_devices)
         # Target replicas on this node: one per worker, and one in each drafter rank that serves.
         self.replicas = self.T + (self.D if args.drafter_serves_target else 0)
         self.world = args.nnodes * self.D
@@ -237,7 +238,7 @@ class Node:
         self.endpoint = None  # the rendezvous address (across nodes)
         self.beats = None  # once all have joined: {other node: (its last heartbeat seen, monotonic time seen)}
         # target workers (or vLLM target servers) in the whole run (rendezvous counts other nodes')
-        self.n_targets_total = self.T or len(plan.servers)
+        self.n_targets_total = self.T or len(facts.servers)
         # Set in spawn: the queues and shared state every child gets, and the children themselves.
         self.requests = self.events = self.stop = self.crashed_at = None
         self.replies = []
@@ -292,7 +293,7 @@ class Node:
 
     # -- spawning --
     def spawn(self, store_addr):
-        a, p = self.args, self.plan
+        a, p = self.args, self.facts
         ctx = mp.get_context("spawn")
         self.requests, self.events, self.stop = ctx.Queue(), ctx.Queue(), ctx.Event()
         self.crashed_at = ctx.Array("d", self.D)  # when each drafter rank raised (wall clock), for naming the first
@@ -534,11 +535,11 @@ class Node:
                 signal.signal(s, h)
 
 
-def _strip(plan):
-    """The plan without the transformers config, so drafter ranks need not import transformers."""
+def _strip(facts):
+    """The start facts without the transformers config, so drafter ranks need not import transformers."""
     import dataclasses
 
-    return dataclasses.replace(plan, target_config=None)
+    return dataclasses.replace(facts, target_config=None)
 
 
 def _end_resource_tracker():
@@ -564,8 +565,8 @@ def _end_resource_tracker():
         pass
 
 
-def supervise(args, plan, log) -> int:
-    node = Node(args, plan, log)
+def supervise(args, facts, log) -> int:
+    node = Node(args, facts, log)
     try:
         return node.run()
     finally:

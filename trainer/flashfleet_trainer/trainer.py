@@ -35,27 +35,19 @@ from flashfleet.contract import metrics as contract
 
 from . import checkpoint as ckpt
 from . import wandb_compat
+from .attention import SparseAttention, flex_layouts, resolve_attn_impl
 from .config import ConfigError, NonFiniteLoss
 from .data import Blocks, build_blocks, load_data, pack_epoch, sample_anchors
+from .drafter import DFlashDrafter, DrafterConfig, drafter_hidden, gather_rows
 from .evaluate import eval_wanted, evaluate_drafter
 from .feed import Feed, InProcessFeed, wants_final_state
 from .loadwatch import LoadWatch
 from .loss import IGNORE, acceptance_proxy, drafter_loss, get_loss_fn
 from .metrics import MetricsLog, Status, begin_run
-from .model import (
-    DFlashDrafter,
-    DrafterConfig,
-    HiddenStateProducer,
-    SparseAttention,
-    drafter_hidden,
-    flex_layouts,
-    gather_rows,
-    load_frozen_io,
-    resolve_attn_impl,
-)
 from .notify import Notifier
 from .optim import adamw, clipped_step
-from .preflight import Plan
+from .preflight import StartFacts
+from .target import HiddenStateProducer, load_frozen_io
 from .vllm_target import VllmFeed
 
 # ---- schedules -----------------------------------------------------------------------------------
@@ -230,12 +222,12 @@ class Trainer:
     """One drafter rank. __init__ only records where it sits; setup() loads (target or frozen I/O,
     data, drafter, optimizer, checkpoint); train() runs the loop."""
 
-    def __init__(self, args, plan: Plan, status: Status, log=print, rank: Rank | None = None,
+    def __init__(self, args, facts: StartFacts, status: Status, log=print, rank: Rank | None = None,
                  feed: Feed | None = None):
-        self.args, self.plan, self.status, self.log = args, plan, status, log
+        self.args, self.facts, self.status, self.log = args, facts, status, log
         self.r = rank or Rank()
-        self.dev = plan.drafter_devices[self.r.local_rank]
-        self.dcfg = plan.drafter_config
+        self.dev = facts.drafter_devices[self.r.local_rank]
+        self.dcfg = facts.drafter_config
         self.per_step = args.grad_accum * self.r.world  # micro-batches per optimizer step, all ranks together
         self.out = Path(args.output_dir)
         self.ckpt_root = self.out / layout.CHECKPOINTS
@@ -274,7 +266,7 @@ class Trainer:
 
     # ---- setup -------------------------------------------------------------------------------
     def setup(self):
-        a, p = self.args, self.plan
+        a, p = self.args, self.facts
         if self.dev.startswith("cuda"):
             torch.cuda.set_device(self.dev)
         if self.feed is None and a.target_servers:  # the target runs in vLLM (vllm_target)
@@ -328,7 +320,7 @@ class Trainer:
     def resume(self) -> Path | None:
         """Load the checkpoint --resume names (auto: the newest complete one); the path, or None."""
         a = self.args
-        found = ckpt.resume_checkpoint(a.resume, self.ckpt_root, self.plan.checkpoints)  # preflight verified it
+        found = ckpt.resume_checkpoint(a.resume, self.ckpt_root, self.facts.checkpoints)  # preflight verified it
         if found is None:
             return None
         path, (weights, cfg, state) = found
@@ -594,7 +586,7 @@ class Trainer:
         if not eval_wanted(a, n):
             return None
         if self.producer is None:  # a drafter rank without a target of its own borrows one for evaluation
-            self.producer = HiddenStateProducer(a.target_model, [self.dev], self.plan.layer_ids, self.dev)
+            self.producer = HiddenStateProducer(a.target_model, [self.dev], self.facts.layer_ids, self.dev)
         return evaluate_drafter(a, self.producer, self.drafter, n, kind)
 
     EVAL_BUDGET = 0.05  # interval evaluations may use at most this share of the training's wall time
@@ -790,12 +782,12 @@ class Trainer:
         return "completed"
 
 
-def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None, feed: Feed | None = None) -> str:
+def run_rank(args, facts: StartFacts, log=print, on_step=None, rank: Rank | None = None, feed: Feed | None = None) -> str:
     """Set up and train one drafter rank; rank 0 owns status.json, metrics.jsonl, wandb and checkpoints.
 
     Returns the final phase. Errors are recorded in status.json (rank 0) and re-raised.
     """
-    r = rank or Rank(n_targets=max(1, len(plan.servers)))  # in-process: one target, or the vLLM servers
+    r = rank or Rank(n_targets=max(1, len(facts.servers)))  # in-process: one target, or the vLLM servers
     out = Path(args.output_dir)
     if r.is_main:
         # pid: the process systemd watches; a main process of its own owns status.json's `workers`
@@ -803,7 +795,7 @@ def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None
         status.update(phase="loading")
     else:
         status = Status.null()
-    trainer = Trainer(args, plan, status, log, r, feed)
+    trainer = Trainer(args, facts, status, log, r, feed)
     previous = signal.signal(signal.SIGTERM, trainer.request_stop)
     metrics = wandb_run = None
     try:
@@ -813,7 +805,7 @@ def run_rank(args, plan: Plan, log=print, on_step=None, rank: Rank | None = None
         if r.is_main:
             (out / layout.RUN_CONFIG).write_text(json.dumps(vars(args), indent=1, default=str) + "\n")
             metrics = MetricsLog(out, start.invocation)  # its first step supersedes (contract.metrics)
-            wandb_run = wandb_compat.WandbRun(args.wandb_project, args.wandb_run_name, plan.wandb_settings,
+            wandb_run = wandb_compat.WandbRun(args.wandb_project, args.wandb_run_name, facts.wandb_settings,
                                               vars(args), out, run_id=start.wandb_id)
             log(f"start {start.invocation} of this run at step {trainer.step} (W&B id {start.wandb_id})")
         else:

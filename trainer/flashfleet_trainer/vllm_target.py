@@ -193,7 +193,7 @@ class ServerCheck:
     hybrid targets before mid-2026 were one)."""
 
     def __init__(self, args, layer_ids, log):
-        from .model import HiddenStateProducer
+        from .target import HiddenStateProducer
 
         self.every, self.tol, self.log, self.seen = args.server_check_every, args.server_check_tol, log, 0
         self.device = parse_devices(args.server_check_device, "--server-check-device")[0]
@@ -239,19 +239,19 @@ class VllmFeed:
         self.data = self.upcoming = None
 
     @classmethod
-    def for_training(cls, args, plan, device, log=print) -> "VllmFeed":
-        """A drafter rank's feed over the servers preflight checked (plan.servers), with the target's
+    def for_training(cls, args, facts, device, log=print) -> "VllmFeed":
+        """A drafter rank's feed over the servers preflight checked (facts.servers), with the target's
         final norm on `device` when the loss reads the final state, and the --server-check-every check."""
         from .feed import wants_final_state
-        from .model import load_final_norm
+        from .target import load_final_norm
 
-        hidden = plan.drafter_config.hidden_size
-        servers = plan.servers or check_servers(args.target_servers, plan.layer_ids, plan.num_target_layers,
-                                                args.max_seq_len, plan.vocab_size, hidden)[0]
+        hidden = facts.drafter_config.hidden_size
+        servers = facts.servers or check_servers(args.target_servers, facts.layer_ids, facts.num_target_layers,
+                                                 args.max_seq_len, facts.vocab_size, hidden)[0]
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
         norm = load_final_norm(args.target_model, device, dtype) if wants_final_state(args) else None
-        check = ServerCheck(args, plan.layer_ids, log) if args.server_check_every else None
-        return cls(servers, plan.layer_ids, plan.num_target_layers, norm, device, args.queue_depth or 2,
+        check = ServerCheck(args, facts.layer_ids, log) if args.server_check_every else None
+        return cls(servers, facts.layer_ids, facts.num_target_layers, norm, device, args.queue_depth or 2,
                    args.max_batch_size, hidden, check)
 
     def start(self, data, upcoming):

@@ -71,7 +71,7 @@ def _rejected_keys(exc) -> list[str]:
 class WandbRun:
     """wandb.init/log/finish behind three methods; a no-op when no project is configured.
 
-    run_id: the run's stable W&B id (run.json, contract.runstate), passed with resume="allow" so
+    run_id: the run's stable W&B id (run.json, contract.starts), passed with resume="allow" so
     every restart continues the same W&B run (online; offline, each start writes its own
     wandb/offline-run-<time>-<id>[-n]/ directory with that id (wandb adds -n to a second start
     within the same second), and `wandb sync` sends them to the one run)."""

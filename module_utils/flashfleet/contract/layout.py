@@ -3,7 +3,7 @@
     status.json        where the run stands now (status.py)
     metrics.jsonl      one record per optimizer step, evaluation or event (metrics.py)
     checkpoints/       step-NNNNNNNN/ directories (checkpoint.py)
-    run.json           what the run keeps across restarts: invocation count, W&B id (runstate.py)
+    run.json           what the run keeps across restarts: invocation count, W&B id (starts.py)
     run_config.json    the trainer's settings as it started (the trainer writes it, dflash-export reads it)
     wandb/             wandb's own directory (offline-run-*/ when WANDB_MODE=offline)
     deaths/            one <UTC time>-<invocation>/ directory per death of the run's unit, written

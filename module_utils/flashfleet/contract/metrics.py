@@ -1,7 +1,7 @@
 """metrics.jsonl: one JSON object per line, appended and flushed by the trainer's main rank.
 
 Every record has `time` (Unix seconds), `step` and INVOCATION (which start of the run wrote it:
-1, 2, ... counted in the run directory's run.json, `contract.runstate`). A training-step record
+1, 2, ... counted in the run directory's run.json, `contract.starts`). A training-step record
 (`is_step`) has the keys of STEP_KEYS; an evaluation record has EVAL_KEYS. Readers (the report,
 the planner, the collect role, diagnose) use these names, never their own copies. Floats that
 are not finite are null.

@@ -1,8 +1,10 @@
 """Benchmark: forward+backward time and peak extra memory of the drafter loss on one CUDA GPU.
 
-    python -m flashfleet_kernels.bench                      # the issue's grid, ours/torch/liger
-    python -m flashfleet_kernels.bench --n 8192 --v 151936 --breakdown
-    python -m flashfleet_kernels.bench --sweep              # chunk/block/warps for the default shape
+    python -m tests.benchmarks.bench_loss                   # the issue's grid, ours/torch/liger
+    python -m tests.benchmarks.bench_loss --n 8192 --v 151936 --breakdown
+    python -m tests.benchmarks.bench_loss --sweep           # chunk/block/warps for the default shape
+
+From the repository root, with PYTHONPATH=kernels (a benchmark, not part of the kernels package).
 
 "ours" is the fused Triton path, "torch" the fp32 materializing reference, "eager" the same loss in
 plain bf16 torch (materialized logits), and the peers, each when importable: "liger" is Liger-Kernel's

@@ -1,7 +1,9 @@
 """Drafter-only step throughput at a real shape, without a target (random features), for comparing
 attention implementations and optimizer settings on one GPU.
 
-    python -m flashfleet_trainer.bench_drafter --shape qwen3-8b --attn-impl flex [--profile 3 --trace t.json]
+    python -m tests.benchmarks.bench_drafter --shape qwen3-8b --attn-impl flex [--profile 3 --trace t.json]
+
+From the repository root, with PYTHONPATH=trainer:kernels:module_utils (a benchmark, not part of the trainer package).
 
 One step = what `Trainer.micro_batch` does for one micro-batch (anchors, blocks, drafter forward
 under bf16 autocast, soft-label loss, backward), then grad clipping and the AdamW update. Anchors
@@ -28,21 +30,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-
-from .data import build_blocks, sample_anchors
-from .loss import drafter_loss, get_loss_fn
-from .model import (
-    DFlashDrafter,
-    DrafterConfig,
-    default_target_layers,
-    drafter_hidden,
-    flex_layouts,
-    gather_rows,
-    resolve_attn_impl,
-)
-from .optim import adamw, clipped_step
-from .shapes import SHAPES
-from .trainer import DeviceSpan, Prepared
+from flashfleet_trainer.attention import flex_layouts, resolve_attn_impl
+from flashfleet_trainer.data import build_blocks, sample_anchors
+from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig, drafter_hidden, gather_rows
+from flashfleet_trainer.loss import drafter_loss, get_loss_fn
+from flashfleet_trainer.optim import adamw, clipped_step
+from flashfleet_trainer.shapes import SHAPES
+from flashfleet_trainer.target import default_target_layers
+from flashfleet_trainer.trainer import DeviceSpan, Prepared
 
 
 def compiled_graphs() -> int:
@@ -209,10 +204,10 @@ class Bench:
             first += a.steps
             rows = sum(r[0] for r in res)
             rates.append(rows / sum(r[1] for r in res))
-        from . import model
+        from flashfleet_trainer import attention, drafter
 
-        out = {"attn_impl": self.attn_impl, "fused_elementwise": model.FUSE_ELEMENTWISE, "fused_adamw": bool(self.opt.param_groups[0].get("fused")),
-               "loss_impl": self.loss_impl, "flex_options": model.FLEX_KERNEL_OPTIONS, "steps": a.steps, "rows_per_step": rows / a.steps,
+        out = {"attn_impl": self.attn_impl, "fused_elementwise": drafter.FUSE_ELEMENTWISE, "fused_adamw": bool(self.opt.param_groups[0].get("fused")),
+               "loss_impl": self.loss_impl, "flex_options": attention.FLEX_KERNEL_OPTIONS, "steps": a.steps, "rows_per_step": rows / a.steps,
                "drafter_rows_per_s": rows / sum(r[1] for r in res), "step_rows_per_s": rows / sum(r[2] for r in res),
                "drafter_ms": 1e3 * sum(r[1] for r in res) / a.steps, "step_ms": 1e3 * sum(r[2] for r in res) / a.steps,
                "graphs_after_warmup": graphs_after_warmup, "graphs_after_steps": compiled_graphs(),
@@ -395,7 +390,7 @@ def main(argv=None):
                    help="position weights (streak: computed inside the loss from its own CE)")
     p.add_argument("--eager-elementwise", action="store_true", help="RMSNorm, RoPE and SwiGLU op by op (not compiled)")
     p.add_argument("--flex-options", type=json.loads, default=None,
-                   help="JSON kernel_options for flex_attention (model.FLEX_KERNEL_OPTIONS; default: the trainer's)")
+                   help="JSON kernel_options for flex_attention (attention.FLEX_KERNEL_OPTIONS; default: the trainer's)")
     p.add_argument("--noise", type=float, default=0.0,
                    help="hidden-state noise scale on the context (the trainer's --noise-start/--noise-end)")
     p.add_argument("--warmup", type=int, default=3)
@@ -408,13 +403,13 @@ def main(argv=None):
     p.add_argument("--trace", default=None, help="where to write the profiler's chrome trace")
     a = p.parse_args(argv)
     if a.eager_elementwise:
-        from . import model
+        from flashfleet_trainer import drafter
 
-        model.FUSE_ELEMENTWISE = False
+        drafter.FUSE_ELEMENTWISE = False
     if a.flex_options is not None:
-        from . import model
+        from flashfleet_trainer import attention
 
-        model.FLEX_KERNEL_OPTIONS = a.flex_options
+        attention.FLEX_KERNEL_OPTIONS = a.flex_options
     Bench(a).run()
 
 

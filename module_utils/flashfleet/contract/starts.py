@@ -1,4 +1,4 @@
-"""run.json: what a run keeps across its restarts. The trainer's main rank updates it (atomically)
+"""run.json, the run's starts: what a run keeps across its restarts. The trainer's main rank updates it (atomically)
 once per start, before loading anything; the report and collect read it.
 
     invocation   how many times the trainer has started on this run directory (1 = the first);
@@ -21,8 +21,8 @@ INVOCATION, CREATED, WANDB_ID = "invocation", "created", "wandb_id"
 WANDB_ID_MAX = 64  # W&B run ids: letters, digits, '-' and '_', short
 
 
-class RunStateError(ValueError):
-    """run.json is unreadable or not a run state record."""
+class StartsError(ValueError):
+    """run.json is unreadable or not a run starts record."""
 
 
 def wandb_id(name: str, output_dir, created: str) -> str:
@@ -33,16 +33,16 @@ def wandb_id(name: str, output_dir, created: str) -> str:
 
 
 def read(path) -> dict:
-    """The run state at path; RunStateError names the file and what is wrong."""
-    data = files.load_json(path, RunStateError)
+    """The starts record at path; StartsError names the file and what is wrong."""
+    data = files.load_json(path, StartsError)
     if not isinstance(data, dict) or not isinstance(data.get(INVOCATION), int) or not data.get(WANDB_ID):
-        raise RunStateError(f"{path}: not a run state record (needs an integer {INVOCATION} and a {WANDB_ID})")
+        raise StartsError(f"{path}: not a run starts record (needs an integer {INVOCATION} and a {WANDB_ID})")
     return data
 
 
 def begin(output_dir, name: str) -> dict:
     """Count one more start of the run in output_dir (creating run.json on the first) and return
-    the record. A damaged run.json raises RunStateError and is left as it is."""
+    the record. A damaged run.json raises StartsError and is left as it is."""
     path = os.path.join(output_dir, layout.RUN_STATE)
     if os.path.exists(path):
         state = read(path)

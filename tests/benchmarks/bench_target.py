@@ -2,8 +2,10 @@
 through the trainer's own `HiddenStateProducer.forward`: features from the drafter's target
 layers and the final normed hidden state, as a training step asks for them.
 
-    python -m flashfleet_trainer.bench_target --shape qwen3.6-27b --seqs 8 --seq-len 8192 [--no-soft-labels]
-    python -m flashfleet_trainer.bench_target --shape qwen3-8b --seqs 16 --seq-len 8192 --min-len 512 [--padded]
+    python -m tests.benchmarks.bench_target --shape qwen3.6-27b --seqs 8 --seq-len 8192 [--no-soft-labels]
+    python -m tests.benchmarks.bench_target --shape qwen3-8b --seqs 16 --seq-len 8192 --min-len 512 [--padded]
+
+From the repository root, with PYTHONPATH=trainer:kernels:module_utils (a benchmark, not part of the trainer package).
 
 With --min-len, sequence lengths are drawn uniformly from [--min-len, --seq-len] (seeded) and the
 micro-batch runs as the trainer runs it, in length groups (`forward_batch`), or with --padded as one
@@ -21,16 +23,15 @@ import statistics
 import time
 
 import torch
-
-from .model import (
+from flashfleet_trainer.compilation import compile_decoder_layers
+from flashfleet_trainer.shapes import SHAPES, shape_config
+from flashfleet_trainer.target import (
     HiddenStateProducer,
-    compile_decoder_layers,
     default_target_layers,
     fast_kernels,
     linear_attention_kernels,
     text_config_of,
 )
-from .shapes import SHAPES, shape_config
 
 
 def build_target(shape: str, layers: int | None, device: str, dtype):
@@ -120,7 +121,7 @@ def profile(step, n, path) -> None:
     elementwise and copies), from torch.profiler; the chrome trace is kept at `path`."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .bench_drafter import idle_table, share_table
+    from tests.benchmarks.bench_drafter import idle_table, share_table
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=acts) as prof:

@@ -6,9 +6,10 @@
 #             pytest: the suite's own vLLM servers are gone by then, so two engines never share RAM)
 #     lane 2: the other Molecule scenarios, kernel first (it leaves the built kernel's .debs in
 #             .cache/kernel-debs, which the driver scenario builds its module against)
-#   Why lanes: pytest runs one torch thread and a scenario is mostly Ansible and a node's systemd,
-#   about one core each (docs/benchmarks.md measures it), so on two cores they fit side by side.
-#   The lanes hold about the same work; every scenario still runs whole, each in its own containers.
+#   Why lanes: pytest runs one torch thread, and a scenario waits for much of its time (restart
+#   delays, stops, polls); side by side, one lane's waits are filled with the other's work
+#   (docs/benchmarks.md has the figures). The lanes hold about the same work; every scenario still
+#   runs whole, each in its own containers.
 # Stop at the first failure: the failing lane stops there and the other lane is stopped at once
 # (its running stage is reported "stopped"; the next run of that scenario begins with its destroy
 # step, which removes any node containers left). Lane 2 prints live; lane 1's output is printed

@@ -88,7 +88,9 @@ molecule: venv image
 
 test-fast: lint pytest
 
-# Every stage in order, with a summary of each stage's time at the end (tests/stages.sh).
+# Every stage, in two lanes side by side (lint, pytest and two scenarios; the other scenarios),
+# stopping at the first failure, with each stage's time at the end (tests/stages.sh).
+# TEST_LANES=1 runs them one after another.
 test: venv vllm-venv image
 	bash tests/stages.sh
 

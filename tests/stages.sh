@@ -1,41 +1,141 @@
 #!/usr/bin/env bash
-# `make test`: every stage CI runs, in order, stopping at the first failure, and a summary of
-# where the time went printed at the end either way (docs/benchmarks.md records one).
-#   lint, pytest, then each Molecule scenario: kernel first (it leaves the built kernel's .debs
-#   in .cache/kernel-debs, which the driver scenario builds its module against), then the rest.
+# `make test`: every stage CI runs, stopping at the first failure, and a summary of where the time
+# went printed at the end either way (docs/benchmarks.md records one).
+#   Two lanes side by side, each its stages in order:
+#     lane 1: lint (the quickest to fail), pytest, then the cuda and vllm scenarios (vllm after
+#             pytest: the suite's own vLLM servers are gone by then, so two engines never share RAM)
+#     lane 2: the other Molecule scenarios, kernel first (it leaves the built kernel's .debs in
+#             .cache/kernel-debs, which the driver scenario builds its module against)
+#   Why lanes: pytest runs one torch thread, and a scenario waits for much of its time (restart
+#   delays, stops, polls); side by side, one lane's waits are filled with the other's work
+#   (docs/benchmarks.md has the figures). The lanes hold about the same work; every scenario still
+#   runs whole, each in its own containers.
+# Stop at the first failure: the failing lane stops there and the other lane is stopped at once
+# (its running stage is reported "stopped"; the next run of that scenario begins with its destroy
+# step, which removes any node containers left). Lane 2 prints live; lane 1's output is printed
+# whole when each of its stages ends.
+# TEST_LANES=1 runs every stage one after another, lane 1's then lane 2's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-declare -a NAMES=() SECONDS_TAKEN=() RESULTS=()
+LANE1=(lint pytest "molecule cuda" "molecule vllm")
+LANE2=("molecule kernel" "molecule driver" "molecule faults" "molecule cluster" "molecule launch"
+       "molecule staging" "molecule default")
+
+# Every scenario directory must be in exactly one lane: a new scenario fails here, never skipped.
+check_lanes() {
+  local dir scenario
+  for dir in molecule/*/molecule.yml; do
+    scenario=$(basename "$(dirname "$dir")")
+    if [ "$(printf '%s\n' "${LANE1[@]}" "${LANE2[@]}" | grep -cx "molecule $scenario")" -ne 1 ]; then
+      echo "make test: scenario '$scenario' is in no lane (or two); fix: add it to LANE1 or LANE2 in tests/stages.sh" >&2
+      exit 2
+    fi
+  done
+}
+
+run_stage() {  # run_stage NAME: the stage's command
+  case "$1" in
+    lint) yamllint -s . && ruff check . && ansible-lint --profile production ;;
+    pytest) pytest -q ;;
+    # profile_tasks: each playbook run ends with its slowest tasks (Molecule's own ansible.cfg
+    # replaces the project's, which enables it)
+    "molecule "*) ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks molecule test -s "${1#molecule }" ;;
+    *) echo "make test: unknown stage '$1'" >&2; return 2 ;;
+  esac
+}
+
+RECORDS=$(mktemp -d)  # per lane: its finished stages ("name<TAB>seconds<TAB>result"), its running one
+trap 'summary; rm -rf "$RECORDS"' EXIT
+
+stage() {  # stage LANE NAME [LOG]: runs it and records it; LOG: write the output there, print it after
+  local lane=$1 name=$2 log=${3:-} t0=$SECONDS rc
+  echo "=== $name (lane $lane, started $(date -u +%H:%M:%S))"
+  printf '%s\t%d\n' "$name" "$t0" >"$RECORDS/$lane.running"
+  if [ -n "$log" ]; then
+    run_stage "$name" >"$log" 2>&1
+    rc=$?
+    echo "=== $name: its output"
+    cat "$log"
+  else
+    run_stage "$name"
+    rc=$?
+  fi
+  rm -f "$RECORDS/$lane.running"
+  printf '%s\t%d\t%s\n' "$name" $((SECONDS - t0)) "$([ "$rc" -eq 0 ] && echo ok || echo "FAILED (exit $rc)")" \
+    >>"$RECORDS/$lane"
+  return "$rc"
+}
+
+lane() {  # lane ID LOG-OR-EMPTY STAGES...: the stages in order, stopping at the first failure
+  local id=$1 log=$2 name
+  shift 2
+  for name in "$@"; do
+    stage "$id" "$name" "$log" || exit  # with the stage's exit status
+  done
+}
+
+stop_lane() {  # stop_lane ID PID: stop a lane's whole process group; record its running stage as stopped
+  local id=$1 pid=$2 name t0
+  kill -TERM -- "-$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  if [ -f "$RECORDS/$id.running" ]; then
+    IFS=$'\t' read -r name t0 <"$RECORDS/$id.running"
+    printf '%s\t%d\t%s\n' "$name" $((SECONDS - t0)) "stopped: the other lane failed" >>"$RECORDS/$id"
+    echo "=== $name: stopped (the other lane failed)"
+    if [ "$id" = 1 ]; then echo "=== $name: its output so far (last 200 lines)"; tail -n 200 "$RECORDS/lane1.log"; fi
+  fi
+}
+
 summary() {
   echo
   echo "make test: time per stage"
-  local total=0
-  for i in "${!NAMES[@]}"; do
-    printf '  %-22s %6d s  %s\n' "${NAMES[$i]}" "${SECONDS_TAKEN[$i]}" "${RESULTS[$i]}"
-    total=$((total + SECONDS_TAKEN[i]))
+  local id name secs result total=0
+  for id in 1 2 serial; do
+    [ -f "$RECORDS/$id" ] || continue
+    [ "$id" = serial ] || echo "  lane $id:"
+    while IFS=$'\t' read -r name secs result; do
+      printf '  %-22s %6d s  %s\n' "$name" "$secs" "$result"
+      total=$((total + secs))
+    done <"$RECORDS/$id"
   done
-  printf '  %-22s %6d s\n' "total" "$total"
-}
-trap summary EXIT
-
-stage() {  # stage NAME COMMAND...
-  local name=$1 t0=$SECONDS rc
-  shift
-  echo "=== $name: $*"
-  "$@"
-  rc=$?
-  NAMES+=("$name")
-  SECONDS_TAKEN+=($((SECONDS - t0)))
-  RESULTS+=("$([ "$rc" -eq 0 ] && echo ok || echo "FAILED (exit $rc)")")
-  [ "$rc" -eq 0 ] || exit "$rc"
+  printf '  %-22s %6d s\n' "sum of stages" "$total"
+  printf '  %-22s %6d s  (the lanes side by side)\n' "wall" "$SECONDS"
 }
 
-stage lint bash -c 'yamllint -s . && ruff check . && ansible-lint --profile production'
-stage pytest pytest -q
-stage "molecule kernel" molecule test -s kernel
-for dir in molecule/*/molecule.yml; do
-  scenario=$(basename "$(dirname "$dir")")
-  [ "$scenario" = kernel ] && continue
-  stage "molecule $scenario" molecule test -s "$scenario"
+check_lanes
+
+if [ "${TEST_LANES:-2}" = 1 ]; then
+  lane serial "" "${LANE1[@]}" "${LANE2[@]}"
+  exit
+fi
+
+# Each lane in its own process group (job control), so stopping a lane stops its Molecule, Ansible
+# and pytest children too.
+set -m
+lane 1 "$RECORDS/lane1.log" "${LANE1[@]}" &
+pid1=$!
+lane 2 "" "${LANE2[@]}" &
+pid2=$!
+set +m
+
+# Look every few seconds which lane has ended; the first failure stops the other lane.
+rc=0
+running=("1:$pid1" "2:$pid2")
+while [ "${#running[@]}" -gt 0 ]; do
+  sleep 2
+  still=()
+  for entry in "${running[@]}"; do
+    if kill -0 "${entry#*:}" 2>/dev/null; then still+=("$entry"); continue; fi
+    wait "${entry#*:}"
+    rc=$?
+    if [ "$rc" -ne 0 ]; then
+      for other in "${running[@]}"; do
+        [ "$other" = "$entry" ] || stop_lane "${other%%:*}" "${other#*:}"
+      done
+      exit "$rc"
+    fi
+  done
+  running=("${still[@]}")
 done
+exit 0

@@ -17,7 +17,10 @@ SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin")
 
 
 @pytest.mark.skipif(SYSTEM_PYTHON is None, reason="no /usr/bin/python3 on this machine")
-def test_evidence_module_runs_on_a_python_without_the_project(tmp_path, run_playbook):
+def test_evidence_module_runs_on_a_python_without_the_project(tmp_path, run_playbook, monkeypatch):
+    # A PYTHONPATH that names module_utils (a checkout's working environment) would hand the
+    # system Python the package this test shows it does not need.
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     assert subprocess.run([SYSTEM_PYTHON, "-c", "import flashfleet"], capture_output=True).returncode != 0, \
         "the system Python has flashfleet installed: this test would prove nothing"
     out = tmp_path / "runs" / "r1"

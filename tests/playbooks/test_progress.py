@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 
 from tests.conftest import failure_messages, local_inventory, role_play
 
 
-def _play(tmp_path, run_playbook, script: str):
+def _play(tmp_path, run_playbook, script: str, delay_s: int = 1, started_ago_s: int = 0):
     log = tmp_path / "step.log"
     inventory = local_inventory(tmp_path)
     playbook = tmp_path / "slow.yml"
@@ -25,7 +26,7 @@ def _play(tmp_path, run_playbook, script: str):
   gather_facts: false
   tasks:
     - ansible.builtin.set_fact:
-        started: "{{{{ now().timestamp() }}}}"
+        started: "{{{{ now().timestamp() - {started_ago_s} }}}}"
     - ansible.builtin.shell: {json.dumps(script.format(log=log))}
       async: 60
       poll: 0
@@ -38,7 +39,7 @@ def _play(tmp_path, run_playbook, script: str):
         kernel_poll_label: "slow step"
         kernel_poll_log: "{log}"
         kernel_poll_started: "{{{{ started }}}}"
-        kernel_poll_delay_s: 1
+        kernel_poll_delay_s: {delay_s}
 """)
     return run_playbook(playbook, inventory)
 
@@ -59,6 +60,16 @@ def test_a_slow_step_reports_elapsed_time_and_its_log_while_it_runs(tmp_path, ru
     assert any(re.search(r"; log: step \d+ of 12$", x) for x in lines), lines
     stdout = r.stdout.read()
     assert "slow step: running, 0m" in stdout  # in the play's own output, not only in events
+
+
+def test_a_step_that_ends_mid_wait_is_seen_ended_within_seconds(tmp_path, run_playbook):
+    """The wait between looks is cut short by the job's end: a 3 s step whose poll waits 60 s (the
+    whole interval at once, as the step "began" 10 minutes ago) ends the play well before 60 s."""
+    t0 = time.monotonic()
+    r = _play(tmp_path, run_playbook, "sleep 3; echo done >> {log}", delay_s=60, started_ago_s=600)
+    took = time.monotonic() - t0
+    assert r.rc == 0, "\n".join(failure_messages(r))
+    assert took < 45, f"the play took {took:.0f} s: the poll slept out its 60 s wait after the step had ended"
 
 
 def test_a_failing_slow_step_fails_with_its_exit_status(tmp_path, run_playbook):

@@ -149,7 +149,7 @@ def test_negative_values_of_the_right_range_still_parse_and_help_states_ranges(t
     a = parse_args(trainer_argv("--lr", "1e-3", "--node-rank", "0", "--grad-clip", "0", out=out_dir))
     assert a.lr == 1e-3 and a.grad_clip == 0.0
     helptext = " ".join(build_parser().format_help().split())
-    for rule in ("in (0, 1)", "in [0, 1)", "w in [0, 1]", "(>= 0; 0 = off)", "(0 = keep all)", "N >= 1 steps",
+    for rule in ("(in (0, 1))", "(in [0, 1))", "(in [0, 1])", "(>= 0; 0 = off)", "(>= 0; 0 = keep all)", "(>= 1)",
                  "(> 0)", "must exist when given", "65 the loss"):
         assert rule in helptext, rule
 

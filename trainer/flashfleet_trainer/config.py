@@ -1,17 +1,26 @@
-"""The command line of `dflash-train`: every flag of the real run, plus `--config PATH.json`.
+"""The run configuration of `dflash-train`: one typed definition, and everything derived from it.
+
+`RunConfig` below is the definition: one field per setting, with its type, default, one-line doc,
+bounds or choices and group. The command line (`build_parser`), `--config PATH.json` loading,
+`--help`, the range checks (`check_bounds`) and the flag table of docs/trainer.md (`markdown_table`)
+are all generated from it; the rules that relate two settings are in `check_rules`.
 
 A systemd unit runs `dflash-train --config /etc/flashfleet/runs/<run>.json`; the JSON object's
-keys are the flags' dest names ("target_model", "use_soft_labels": true, ...). Flags given
-explicitly on the command line override the JSON. Deterministic configuration problems raise
-ConfigError, which the CLI prints as ONE line and turns into exit code 78 (EX_CONFIG), the code
-the unit is told not to restart on.
+keys are the fields' names ("target_model", "use_soft_labels": true, ...). Flags given explicitly
+on the command line override the JSON. Deterministic configuration problems raise ConfigError,
+which the CLI prints as ONE line and turns into exit code 78 (EX_CONFIG), the code the unit is
+told not to restart on.
 """
 
 import argparse
+import dataclasses
+import difflib
 import json
 import math
 import os
 import sys
+import types
+from dataclasses import dataclass
 
 from flashfleet.contract import messages
 
@@ -53,6 +62,273 @@ class NonFiniteLoss(Exception):
         return str(self)
 
 
+# ---- the definition ------------------------------------------------------------------------------
+
+def setting(default, doc: str, *, group: str, ge=None, gt=None, le=None, lt=None, choices=None,
+            note: str = "", example=None, fix: str = "", metavar: str | None = None, required: bool = False):
+    """One field of RunConfig. `ge`/`gt`/`le`/`lt` bound a number (None: unbounded on that side),
+    `choices` a string; `note` names what a special value means ("0 = off"), shown after the range;
+    the refusal of an out-of-range value says `fix`, else suggests `example` (default: the default)."""
+    return dataclasses.field(default=default, metadata=dict(
+        doc=doc, group=group, ge=ge, gt=gt, le=le, lt=lt, choices=choices, note=note,
+        example=default if example is None else example, fix=fix, metavar=metavar, required=required))
+
+
+DROP = "drop it for the target's default"
+EVAL = "evaluation (real acceptance length tau, greedy speculative decoding)"
+
+
+@dataclass
+class RunConfig:
+    # paths
+    config: str | None = setting(
+        None, "JSON object of field names -> values; explicit command-line flags override it",
+        group="paths", metavar="PATH.json")
+    target_model: str | None = setting(
+        None, "local directory of the frozen target (transformers format; never downloaded)",
+        group="paths", required=True)
+    data_dir: str | None = setting(
+        None, "directory of *.parquet files: `input_ids` list<int>, optional `loss_mask` list<int> "
+        "(1 = supervised), same lengths", group="paths", required=True)
+    output_dir: str | None = setting(
+        None, "run directory: metrics.jsonl, status.json, checkpoints/", group="paths", required=True)
+
+    # topology
+    target_gpus: str = setting(
+        "0", "comma-separated GPU indices, one target worker process each, extracting hidden states for "
+        "its share of the micro-batches; or `cpu` entries (`cpu,cpu` = two CPU workers)", group="topology")
+    drafter_gpus: str = setting(
+        "0", "comma-separated GPU indices, one data-parallel drafter rank each (gradients all-reduced); "
+        "or `cpu` entries", group="topology")
+    queue_depth: int = setting(
+        0, "micro-batches of hidden states each drafter rank keeps requested ahead (bounds the queue)",
+        group="topology", ge=0, note="0 = auto: max(2, 2 x targets / drafters)")
+    target_servers: str | None = setting(
+        None, "vLLM servers (http://HOST:PORT, writing to this host's /dev/shm) that compute the target "
+        "instead of target workers: a target larger than one GPU, with vLLM's own tensor and data "
+        "parallelism; each started with this run's settings (--serve-config prints them); --target-gpus "
+        "is then unused", group="topology", metavar="URL[,URL...]")
+    server_gpus: int = setting(
+        1, "GPUs each of --target-servers uses (its vLLM tensor-parallel x data-parallel size): --plan "
+        "splits the node into servers of N GPUs and drafter GPUs; --check prints the target's weights "
+        "per server GPU", group="topology", ge=1, metavar="N",
+        fix="pass each vLLM server's tensor-parallel x data-parallel size, e.g. --server-gpus 2")
+    server_check_every: int = setting(
+        0, "with --target-servers: at the first micro-batch and every N after, compare one sequence's "
+        "features from the server with this process's own target on --server-check-device (loaded "
+        "once; where the target fits there) and fail on a relative error above --server-check-tol",
+        group="topology", ge=0, note="0 = never", metavar="N", example=500)
+    server_check_device: str = setting(
+        "cpu", "where --server-check-every's target runs: `cpu` or one GPU index", group="topology")
+    server_check_tol: float = setting(
+        0.02, "largest relative L2 error of a checked sequence's features (bf16 engines differ by about "
+        "1e-2, fp32 by 1e-6)", group="topology", ge=0, metavar="R")
+    target_server_wait: float = setting(
+        900.0, "seconds a start waits for --target-servers that do not answer yet (a server restarting "
+        "after a crash reloads its target), before it fails; --check does not wait",
+        group="topology", ge=0, metavar="S", example=900)
+    drafter_serves_target: bool = setting(
+        False, "each drafter rank also loads a target replica on its own device and, while it would wait "
+        "for hidden states, serves the node's next request itself (the drafter's GPU stops idling in a "
+        "target-bound split; it needs room for a replica beside the drafter)", group="topology")
+    nnodes: int = setting(
+        1, "nodes in the run; each runs one dflash-train with the same flags except --node-rank",
+        group="topology", ge=1)
+    node_rank: int = setting(
+        0, "this node's rank, 0..nnodes-1; node 0 hosts the rendezvous store and global rank 0 "
+        "(checkpoints, metrics, wandb)", group="topology")
+    rdzv_endpoint: str | None = setting(
+        None, "c10d TCPStore rendezvous: node 0 listens on PORT, the others connect to HOST:PORT "
+        "(default: $MASTER_ADDR:$MASTER_PORT; required when --nnodes > 1)", group="topology",
+        metavar="HOST:PORT")
+    rdzv_timeout: float = setting(
+        300.0, "seconds to wait for all nodes to join", group="topology", gt=0, example=300)
+    node_timeout: float = setting(
+        30.0, "a node whose heartbeat stops for this many seconds takes the run down (every node exits "
+        "with an error naming it)", group="topology", gt=0, example=30)
+
+    # optimisation
+    epochs: float = setting(1.0, "passes over the data (fractions allowed)", group="optimisation", gt=0,
+                            example=1)
+    max_steps: int | None = setting(None, "stop after this many optimizer steps (default: epochs)",
+                                    group="optimisation", ge=1, fix="drop it or raise it")
+    lr: float = setting(6e-4, "peak AdamW learning rate", group="optimisation", gt=0, lt=1)
+    warmup_ratio: float = setting(0.04, "linear warmup as a fraction of all steps, then cosine decay to 0",
+                                  group="optimisation", ge=0, lt=1)
+    weight_decay: float = setting(0.01, "AdamW decoupled weight decay", group="optimisation", ge=0,
+                                  note="0 = none")
+    grad_accum: int = setting(1, "micro-batches per optimizer step", group="optimisation", ge=1)
+    grad_clip: float = setting(1.0, "global grad-norm clip", group="optimisation", ge=0, note="0 = off")
+    seed: int = setting(0, "seeds init, shuffling (with the epoch), anchors and noise", group="optimisation",
+                        ge=0)
+
+    # data and packing
+    token_budget: int = setting(65536, "max tokens per micro-batch (sum of packed sequence lengths; "
+                                ">= --max-seq-len)", group="data and packing", ge=2)
+    max_seq_len: int = setting(8192, "sequences are truncated to this many tokens (<= --token-budget)",
+                               group="data and packing", ge=2)
+    max_batch_size: int = setting(64, "max sequences per micro-batch", group="data and packing", ge=1)
+    max_anchors: int = setting(
+        512, "max anchors (= draft blocks) per MICRO-BATCH, not per sequence: spread over its sequences in "
+        "proportion to their number of valid anchor positions (speculators' semantics); each anchor "
+        "trains block-size rows", group="data and packing", ge=1)
+
+    # drafter
+    block_size: int = setting(16, "tokens per draft block (anchor + block-size-1 predictions)",
+                              group="drafter", ge=2, example=16)
+    num_draft_layers: int = setting(5, "drafter decoder layers", group="drafter", ge=1)
+    target_layers: str | None = setting(
+        None, "comma-separated target decoder-layer indices whose OUTPUTS feed the drafter (0-based: layer "
+        "i = HF hidden_states[i+1]); default: num-draft-layers spread evenly over 1..L-3", group="drafter")
+    mask_token_id: int | None = setting(
+        None, "embedding row used for masked block positions, a spare row of the target's vocabulary "
+        "(default: 151669 for the 151,936-row Qwen3 vocab, 248070 for the 248,320-row Qwen3.5/3.6 vocab, "
+        "else vocab_size-1)", group="drafter", ge=0, fix=DROP)
+    attn_impl: str = setting(
+        "auto", "drafter attention: flex (torch flex_attention, compiled, computing only the score tiles "
+        "the block mask allows), dense (SDPA with the full boolean mask, the reference), or auto (flex on "
+        "a CUDA drafter, dense on CPU)", group="drafter", choices=("auto", "dense", "flex"))
+    target_compile: str = setting(
+        "auto", "auto: each decoder layer of a CUDA target compiled with torch.compile, which fuses the "
+        "memory-bound ops around its GEMMs (compiled at the first micro-batch; a hybrid stack's "
+        "linear-attention layers in parts, around flash-linear-attention's kernels); off: transformers' "
+        "eager forward everywhere", group="drafter", choices=("auto", "off"))
+    drafter_layer_types: str | None = setting(
+        None, "per draft layer full_attention|sliding_attention (or full|sliding, `sliding*4,full`); "
+        "default: all full for a Qwen3 target, sliding x (layers-1) then full for a Qwen3.5/3.6 target "
+        "(the published Qwen3.6-27B drafter)", group="drafter", metavar="LIST")
+    sliding_window: int | None = setting(
+        None, "sliding_attention layers: a query at position p sees keys k <= p with p-k < W, context and "
+        "block alike (causal in the block); default 2048 for a Qwen3.5/3.6 target", group="drafter", ge=1,
+        metavar="W", fix=DROP)
+    drafter_num_heads: int | None = setting(
+        None, "drafter query heads (default: the target's; 32 for a Qwen3.5/3.6 target)", group="drafter",
+        ge=1, fix=DROP)
+    drafter_num_kv_heads: int | None = setting(
+        None, "drafter KV heads, dividing the query heads (default: the target's; 8 for a Qwen3.5/3.6 "
+        "target)", group="drafter", ge=1, fix=DROP)
+    drafter_head_dim: int | None = setting(
+        None, "drafter head dim (default: the target's; 128 for a Qwen3.5/3.6 target)", group="drafter",
+        ge=1, fix=DROP)
+    drafter_intermediate_size: int | None = setting(
+        None, "drafter MLP width (default: the target's intermediate_size, 3 x hidden for a MoE target)",
+        group="drafter", ge=1, fix=DROP)
+    allow_slow_linear_attention: bool = setting(
+        False, "start a GPU run of a hybrid (Gated-DeltaNet) target even though transformers would run its "
+        "linear-attention layers through the slow torch fallback (flash-linear-attention not importable); "
+        "--check refuses it otherwise", group="drafter")
+
+    # loss
+    use_soft_labels: bool = setting(False, "add KL to the target's distribution", group="loss")
+    kl_temperature: float = setting(1.0, "softmax temperature T of the KL term", group="loss", gt=0)
+    kl_weight: float = setting(0.5, "w in loss = w*T^2*KL + (1-w)*CE (only with --use-soft-labels)",
+                               group="loss", ge=0, le=1, example=0.7)
+    loss_weighting: str = setting(
+        "streak", "per-block-position weights: streak (expected accepted tokens depending on the position), "
+        "decay exp(-(k-1)/gamma), or uniform", group="loss", choices=("streak", "decay", "uniform"))
+    streak_alpha: float = setting(0.5, "streak smoothing: q -> (1-alpha)*q + alpha", group="loss", ge=0, le=1)
+    decay_gamma: float | None = setting(None, "decay gamma (default 7 for block 16, 5 for 10, 4 for 8)",
+                                        group="loss", gt=0, fix="e.g. 7 for block 16, or drop it")
+    noise_start: float = setting(0.0, "hidden-state noise scale at step 0, relative to each token's RMS",
+                                 group="loss", ge=0, note="0 = no noise", example=0.1)
+    noise_end: float = setting(0.0, "noise scale at the last step (cosine anneal)", group="loss", ge=0,
+                               note="0 = no noise", example=0.01)
+    loss_impl: str = setting(
+        "auto", "auto: the Triton kernel on a CUDA drafter, flashfleet_kernels' torch reference on CPU; "
+        "triton: insist on the kernel; torch: the reference everywhere", group="loss",
+        choices=("auto", "triton", "torch"))
+    teacher_fp8: bool = setting(
+        False, "the fused loss's teacher logits from an FP8 GEMM (row-wise scales, the frozen head quantized "
+        "once): about 12% less loss time on an H100/H200, the teacher distribution slightly coarser "
+        "(docs/benchmarks.md); needs --use-soft-labels and a CUDA drafter", group="loss")
+
+    # checkpoints
+    save_interval: int = setting(1000, "checkpoint every N optimizer steps (and at the end)",
+                                 group="checkpoints", ge=1)
+    keep_checkpoints: int = setting(3, "keep the newest K complete checkpoints", group="checkpoints", ge=0,
+                                    note="0 = keep all")
+    resume: str = setting("auto", "auto (newest complete checkpoint, if any), never, or a checkpoint PATH",
+                          group="checkpoints")
+    init_from: str | None = setting(
+        None, "start from the weights of a DFlash drafter directory (dflash-export's OUT_DIR, or a published "
+        "drafter: config.json + model.safetensors) when no checkpoint is resumed; it must be the drafter "
+        "this run builds (block size, draft layers, target layers, mask id, the target's hidden size and "
+        "vocab)", group="checkpoints", metavar="DIR")
+
+    # evaluation
+    eval_prompts: str | None = setting(
+        None, "JSONL of {\"input_ids\": [...]}; must exist when given (default: <data-dir>/eval/prompts.jsonl "
+        "if present)", group=EVAL)
+    eval_num_prompts: int = setting(32, "prompts to evaluate at the end", group=EVAL, ge=0,
+                                    note="0 = no evaluation")
+    eval_max_new_tokens: int = setting(64, "tokens generated per evaluation prompt", group=EVAL, ge=1)
+    eval_interval: int = setting(
+        500, "also measure tau every N optimizer steps on the first --eval-interval-prompts held-out prompts "
+        "(per set), into metrics.jsonl and wandb; in every layout: a target worker evaluates for the "
+        "drafter ranks, with vLLM servers rank 0 borrows a replica; docs/trainer.md gives its cost",
+        group=EVAL, ge=0, note="0 = at the end only")
+    eval_interval_prompts: int = setting(8, "prompts per set of each interval evaluation", group=EVAL, ge=1)
+    eval_temperature: float = setting(
+        0.0, "> 0: the evaluations sample at this temperature (speculative sampling); on a weak target, "
+        "whose greedy continuations loop, 1 shows the train/serve gap greedy hides", group=EVAL, ge=0,
+        note="0 = greedy", example=1)
+
+    # logging
+    wandb_project: str | None = setting(None, "log to wandb too (metrics.jsonl is always written)",
+                                        group="logging")
+    wandb_run_name: str | None = setting(None, "the wandb run's name", group="logging")
+    wandb_settings: str | None = setting(None, "JSON object passed to wandb.Settings; validated by --check",
+                                         group="logging")
+    log_interval: int = setting(1, "print a progress line every N steps", group="logging", ge=1)
+
+    # actions
+    check: bool = setting(False, "validate everything that can be validated without training, print a "
+                          "summary and exit 0, or exit 78 with one line naming the problem", group="actions")
+    serve_config: bool = setting(
+        False, "print, as JSON, what a vLLM target server for this run needs, then exit: `argv` (the "
+        "extraction method, its layers, flashfleet's connector) and `layers` (the vLLM layer ids, for "
+        "dflash-vllm-probe)", group="actions")
+    plan: bool = setting(False, "measure a few steps of target and drafter on the first device of each, "
+                         "print the split of the node's devices that maximises drafter rows/s, exit 0",
+                         group="actions")
+    plan_steps: int = setting(3, "measured steps for --plan (after one warm-up step)", group="actions", ge=1)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def base_type(f: dataclasses.Field) -> type:
+    """int for `int | None`, str for `str`, ..."""
+    if isinstance(f.type, types.UnionType):
+        return next(t for t in f.type.__args__ if t is not type(None))
+    return f.type
+
+
+def rule(f: dataclasses.Field) -> str:
+    """The field's range as its help and its refusal state it: `>= 1`, `> 0`, `in [0, 1)`."""
+    m = f.metadata
+    lo, hi = (m["ge"], "[") if m["ge"] is not None else (m["gt"], "(")
+    up, close = (m["le"], "]") if m["le"] is not None else (m["lt"], ")")
+    if lo is not None and up is not None:
+        return f"in {hi}{lo}, {up}{close}"
+    if lo is not None:
+        return f"{'>=' if hi == '[' else '>'} {lo}"
+    if up is not None:
+        return f"{'<=' if close == ']' else '<'} {up}"
+    return ""
+
+
+def help_text(f: dataclasses.Field) -> str:
+    extra = "; ".join(x for x in (rule(f), f.metadata["note"]) if x)
+    return f.metadata["doc"] + (f" ({extra})" if extra else "")
+
+
+# ---- generated: the command line ---------------------------------------------------------------
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors (unknown flag, missing or malformed value) are ConfigErrors: one
     line and exit 78 like every other refused start, not argparse's usage block and exit 2."""
@@ -70,173 +346,17 @@ def build_parser() -> argparse.ArgumentParser:
                "became NaN or infinite (one line on stderr; no checkpoint of that state is saved); anything "
                "else is a crash with a traceback.",
     )
-    a = p.add_argument_group("paths")
-    a.add_argument("--config", metavar="PATH.json", help="JSON object of flag dest names -> values; "
-                   "explicit command-line flags override it")
-    a.add_argument("--target-model", help="local directory of the frozen target (transformers format; never downloaded)")
-    a.add_argument("--data-dir", help="directory of *.parquet files: `input_ids` list<int>, optional `loss_mask` "
-                   "list<int> (1 = supervised), same lengths")
-    a.add_argument("--output-dir", help="run directory: metrics.jsonl, status.json, checkpoints/")
-
-    t = p.add_argument_group("topology")
-    t.add_argument("--target-gpus", default="0", help="comma-separated GPU indices, one target worker process "
-                   "each, extracting hidden states for its share of the micro-batches; or `cpu` entries "
-                   "(`cpu,cpu` = two CPU workers)")
-    t.add_argument("--drafter-gpus", default="0", help="comma-separated GPU indices, one data-parallel drafter "
-                   "rank each (gradients all-reduced); or `cpu` entries")
-    t.add_argument("--queue-depth", type=int, default=0, help="micro-batches of hidden states each drafter rank "
-                   "keeps requested ahead (bounds the queue; 0 = auto: max(2, 2 x targets / drafters))")
-    t.add_argument("--target-servers", default=None, metavar="URL[,URL...]",
-                   help="vLLM servers (http://HOST:PORT, writing to this host's /dev/shm) that compute the target "
-                        "instead of target workers: a target larger than one GPU, with vLLM's own tensor and data "
-                        "parallelism; each started with this run's settings (--serve-config prints them); "
-                        "--target-gpus is then unused")
-    t.add_argument("--server-gpus", type=int, default=1, metavar="N",
-                   help="GPUs each of --target-servers uses (its vLLM tensor-parallel x data-parallel size, "
-                        ">= 1): --plan splits the node into servers of N GPUs and drafter GPUs; --check prints "
-                        "the target's weights per server GPU")
-    t.add_argument("--server-check-every", type=int, default=0, metavar="N",
-                   help="with --target-servers: at the first micro-batch and every N after, compare one sequence's "
-                        "features from the server with this process's own target on --server-check-device "
-                        "(loaded once; where the target fits there) and fail on a relative error above "
-                        "--server-check-tol (0 = never)")
-    t.add_argument("--server-check-device", default="cpu", help="where --server-check-every's target runs: `cpu` "
-                   "or one GPU index")
-    t.add_argument("--server-check-tol", type=float, default=0.02, metavar="R",
-                   help="largest relative L2 error of a checked sequence's features (bf16 engines differ by "
-                        "about 1e-2, fp32 by 1e-6)")
-    t.add_argument("--target-server-wait", type=float, default=900.0, metavar="S",
-                   help="seconds a start waits for --target-servers that do not answer yet (a server restarting "
-                        "after a crash reloads its target), before it fails (>= 0; --check does not wait)")
-    t.add_argument("--drafter-serves-target", action="store_true",
-                   help="each drafter rank also loads a target replica on its own device and, while it would "
-                        "wait for hidden states, serves the node's next request itself (the drafter's GPU "
-                        "stops idling in a target-bound split; it needs room for a replica beside the drafter)")
-    t.add_argument("--nnodes", type=int, default=1, help="nodes in the run; each runs one dflash-train with the "
-                   "same flags except --node-rank")
-    t.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1; node 0 hosts the "
-                   "rendezvous store and global rank 0 (checkpoints, metrics, wandb)")
-    t.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                   help="c10d TCPStore rendezvous: node 0 listens on PORT, the others connect to HOST:PORT "
-                        "(default: $MASTER_ADDR:$MASTER_PORT; required when --nnodes > 1)")
-    t.add_argument("--rdzv-timeout", type=float, default=300.0, help="seconds to wait for all nodes to join (> 0)")
-    t.add_argument("--node-timeout", type=float, default=30.0, help="a node whose heartbeat stops for this many "
-                   "seconds (> 0) takes the run down (every node exits with an error naming it)")
-
-    o = p.add_argument_group("optimisation")
-    o.add_argument("--epochs", type=float, default=1.0, help="passes over the data (> 0, fractions allowed)")
-    o.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps (>= 1; default: epochs)")
-    o.add_argument("--lr", type=float, default=6e-4, help="peak AdamW learning rate, in (0, 1)")
-    o.add_argument("--warmup-ratio", type=float, default=0.04, help="linear warmup as a fraction of all steps, in [0, 1), then cosine decay to 0")
-    o.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decoupled weight decay (>= 0)")
-    o.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (>= 1)")
-    o.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip (>= 0; 0 = off)")
-    o.add_argument("--seed", type=int, default=0, help="seeds init, shuffling (with the epoch), anchors and noise (>= 0)")
-
-    d = p.add_argument_group("data and packing")
-    d.add_argument("--token-budget", type=int, default=65536, help="max tokens per micro-batch (sum of packed sequence lengths; >= --max-seq-len)")
-    d.add_argument("--max-seq-len", type=int, default=8192, help="sequences are truncated to this many tokens (>= 2, <= --token-budget)")
-    d.add_argument("--max-batch-size", type=int, default=64, help="max sequences per micro-batch (>= 1)")
-    d.add_argument("--max-anchors", type=int, default=512,
-                   help="max anchors (= draft blocks, >= 1) per MICRO-BATCH, not per sequence: spread over its sequences "
-                        "in proportion to their number of valid anchor positions (speculators' semantics); each "
-                        "anchor trains block-size rows")
-
-    m = p.add_argument_group("drafter")
-    m.add_argument("--block-size", type=int, default=16, help="tokens per draft block (anchor + block-size-1 predictions; >= 2)")
-    m.add_argument("--num-draft-layers", type=int, default=5, help="drafter decoder layers (>= 1)")
-    m.add_argument("--target-layers", default=None,
-                   help="comma-separated target decoder-layer indices whose OUTPUTS feed the drafter (0-based: "
-                        "layer i = HF hidden_states[i+1]); default: num-draft-layers spread evenly over 1..L-3")
-    m.add_argument("--mask-token-id", type=int, default=None,
-                   help="embedding row (>= 0) used for masked block positions, a spare row of the target's vocabulary "
-                        "(default: 151669 for the 151,936-row Qwen3 vocab, 248070 for the 248,320-row Qwen3.5/3.6 "
-                        "vocab, else vocab_size-1)")
-    m.add_argument("--attn-impl", choices=("auto", "dense", "flex"), default="auto",
-                   help="drafter attention: flex (torch flex_attention, compiled, computing only the score tiles "
-                        "the block mask allows), dense (SDPA with the full boolean mask, the reference), or auto "
-                        "(flex on a CUDA drafter, dense on CPU)")
-    m.add_argument("--target-compile", choices=("auto", "off"), default="auto",
-                   help="auto: each decoder layer of a CUDA target compiled with torch.compile, which fuses "
-                        "the memory-bound ops around its GEMMs (compiled at the first micro-batch; a hybrid "
-                        "stack's linear-attention layers in parts, around flash-linear-attention's kernels); "
-                        "off: transformers' eager forward everywhere")
-    m.add_argument("--drafter-layer-types", default=None, metavar="LIST",
-                   help="per draft layer full_attention|sliding_attention (or full|sliding, `sliding*4,full`); "
-                        "default: all full for a Qwen3 target, sliding x (layers-1) then full for a Qwen3.5/3.6 "
-                        "target (the published Qwen3.6-27B drafter)")
-    m.add_argument("--sliding-window", type=int, default=None, metavar="W",
-                   help="sliding_attention layers (W >= 1): a query at position p sees keys k <= p with p-k < W, context "
-                        "and block alike (causal in the block); default 2048 for a Qwen3.5/3.6 target")
-    m.add_argument("--drafter-num-heads", type=int, default=None,
-                   help="drafter query heads (>= 1; default: the target's; 32 for a Qwen3.5/3.6 target)")
-    m.add_argument("--drafter-num-kv-heads", type=int, default=None,
-                   help="drafter KV heads (>= 1, dividing the query heads; default: the target's; 8 for a Qwen3.5/3.6 target)")
-    m.add_argument("--drafter-head-dim", type=int, default=None,
-                   help="drafter head dim (>= 1; default: the target's; 128 for a Qwen3.5/3.6 target)")
-    m.add_argument("--drafter-intermediate-size", type=int, default=None,
-                   help="drafter MLP width (>= 1; default: the target's intermediate_size, 3 x hidden for a MoE target)")
-    m.add_argument("--allow-slow-linear-attention", action="store_true",
-                   help="start a GPU run of a hybrid (Gated-DeltaNet) target even though transformers would run "
-                        "its linear-attention layers through the slow torch fallback (flash-linear-attention "
-                        "not importable); --check refuses it otherwise")
-
-    lo = p.add_argument_group("loss")
-    lo.add_argument("--use-soft-labels", action="store_true", help="add KL to the target's distribution")
-    lo.add_argument("--kl-temperature", type=float, default=1.0, help="softmax temperature T of the KL term (> 0)")
-    lo.add_argument("--kl-weight", type=float, default=0.5, help="loss = w*T^2*KL + (1-w)*CE, w in [0, 1] (only with --use-soft-labels)")
-    lo.add_argument("--loss-weighting", choices=("streak", "decay", "uniform"), default="streak",
-                    help="per-block-position weights: streak (expected accepted tokens depending on the position), "
-                         "decay exp(-(k-1)/gamma), or uniform")
-    lo.add_argument("--streak-alpha", type=float, default=0.5, help="streak smoothing: q -> (1-alpha)*q + alpha, alpha in [0, 1]")
-    lo.add_argument("--decay-gamma", type=float, default=None, help="decay gamma (> 0; default 7 for block 16, 5 for 10, 4 for 8)")
-    lo.add_argument("--noise-start", type=float, default=0.0, help="hidden-state noise scale at step 0, relative to each token's RMS (>= 0)")
-    lo.add_argument("--noise-end", type=float, default=0.0, help="noise scale at the last step (>= 0, cosine anneal)")
-    lo.add_argument("--loss-impl", choices=("auto", "triton", "torch"), default="auto",
-                    help="auto: the Triton kernel on a CUDA drafter, flashfleet_kernels' torch reference on CPU; "
-                         "triton: insist on the kernel; torch: the reference everywhere")
-    lo.add_argument("--teacher-fp8", action="store_true",
-                    help="the fused loss's teacher logits from an FP8 GEMM (row-wise scales, the frozen head "
-                         "quantized once): about 12%% less loss time on an H100/H200, the teacher distribution "
-                         "slightly coarser (docs/benchmarks.md); needs --use-soft-labels and a CUDA drafter")
-
-    c = p.add_argument_group("checkpoints")
-    c.add_argument("--save-interval", type=int, default=1000, help="checkpoint every N >= 1 optimizer steps (and at the end)")
-    c.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest K complete checkpoints (0 = keep all)")
-    c.add_argument("--resume", default="auto", help="auto (newest complete checkpoint, if any), never, or a checkpoint PATH")
-    c.add_argument("--init-from", default=None, metavar="DIR",
-                   help="start from the weights of a DFlash drafter directory (dflash-export's OUT_DIR, or a "
-                        "published drafter: config.json + model.safetensors) when no checkpoint is resumed; it "
-                        "must be the drafter this run builds (block size, draft layers, target layers, mask id, "
-                        "the target's hidden size and vocab)")
-
-    e = p.add_argument_group("evaluation (real acceptance length tau, greedy speculative decoding)")
-    e.add_argument("--eval-prompts", default=None, help="JSONL of {\"input_ids\": [...]}; must exist when given (default: <data-dir>/eval/prompts.jsonl if present)")
-    e.add_argument("--eval-num-prompts", type=int, default=32, help="prompts to evaluate at the end (>= 0; 0 = no evaluation)")
-    e.add_argument("--eval-max-new-tokens", type=int, default=64, help="tokens generated per evaluation prompt (>= 1)")
-    e.add_argument("--eval-interval", type=int, default=500, help="also measure tau every N optimizer steps on the "
-                   "first --eval-interval-prompts held-out prompts (per set), into metrics.jsonl and wandb (>= 0; "
-                   "0 = at the end only; in every layout: a target worker evaluates for the drafter ranks, with vLLM servers "
-                   "rank 0 borrows a replica; docs/trainer.md gives its cost)")
-    e.add_argument("--eval-interval-prompts", type=int, default=8, help="prompts per set of each interval evaluation (>= 1)")
-    e.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy (default); > 0: the evaluations "
-                   "sample at this temperature (speculative sampling; >= 0); on a weak target, whose greedy "
-                   "continuations loop, 1 shows the train/serve gap greedy hides")
-
-    w = p.add_argument_group("logging")
-    w.add_argument("--wandb-project", default=None, help="log to wandb too (metrics.jsonl is always written)")
-    w.add_argument("--wandb-run-name", default=None)
-    w.add_argument("--wandb-settings", default=None, help="JSON object passed to wandb.Settings; validated by --check")
-    w.add_argument("--log-interval", type=int, default=1, help="print a progress line every N >= 1 steps")
-
-    p.add_argument("--check", action="store_true", help="validate everything that can be validated without training, "
-                   "print a summary and exit 0, or exit 78 with one line naming the problem")
-    p.add_argument("--serve-config", action="store_true", help="print, as JSON, what a vLLM target server for "
-                   "this run needs, then exit: `argv` (the extraction method, its layers, flashfleet's connector) "
-                   "and `layers` (the vLLM layer ids, for dflash-vllm-probe)")
-    p.add_argument("--plan", action="store_true", help="measure a few steps of target and drafter on the first "
-                   "device of each, print the split of the node's devices that maximises drafter rows/s, exit 0")
-    p.add_argument("--plan-steps", type=int, default=3, help="measured steps for --plan (>= 1, after one warm-up step)")
+    groups = {}
+    for f in FIELDS.values():
+        group = groups.get(f.metadata["group"]) or groups.setdefault(
+            f.metadata["group"], p.add_argument_group(f.metadata["group"]))
+        kw = dict(default=f.default, help=help_text(f).replace("%", "%%"))
+        if base_type(f) is bool:
+            kw["action"] = "store_true"
+        else:
+            kw["type"] = None if base_type(f) is str else base_type(f)
+            kw.update({k: f.metadata[k] for k in ("choices", "metavar") if f.metadata[k] is not None})
+        group.add_argument(flag(f.name), **kw)
     return p
 
 
@@ -246,39 +366,56 @@ def parse_args(argv=None) -> argparse.Namespace:
     argv = numbers_as_values(parser, list(sys.argv[1:] if argv is None else argv))
     first = parser.parse_args(argv)
     if first.config:
-        try:
-            with open(first.config) as f:
-                values = json.load(f)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"cannot read --config {first.config}: {e}", "point --config at a readable JSON file") from e
-        if not isinstance(values, dict):
-            raise ConfigError(f"--config {first.config} is not a JSON object", "write {\"flag_dest\": value, ...}")
-        known = {act.dest for act in parser._actions} - {"help", "config"}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown key(s) in --config: {', '.join(unknown)}",
-                              "use flag dest names such as target_model, use_soft_labels")
-        for key in sorted(act.dest for act in parser._actions if isinstance(act, argparse._StoreTrueAction)):
-            if key in values and not isinstance(values[key], bool):
-                raise ConfigError(f"--config key {key} must be true or false", f"write \"{key}\": true")
-        if isinstance(values.get("wandb_settings"), dict):
-            values["wandb_settings"] = json.dumps(values["wandb_settings"])
-        parser.set_defaults(**{k: (str(v) if k in ("target_layers", "target_gpus", "drafter_gpus")
-                                   and not isinstance(v, str) else v) for k, v in values.items()})
+        parser.set_defaults(**load_config_file(first.config))
         first = parser.parse_args(argv)
-    for req in ("target_model", "data_dir", "output_dir"):
-        if not getattr(first, req):
-            raise ConfigError(f"--{req.replace('_', '-')} is required", f"pass it or set \"{req}\" in --config")
-    validate_types(parser, first)
-    validate_numbers(first)
+    for f in FIELDS.values():
+        if f.metadata["required"] and not getattr(first, f.name):
+            raise ConfigError(f"{flag(f.name)} is required", f"pass it or set \"{f.name}\" in --config")
+    check_types(first)
+    check_bounds(first)
+    check_rules(first)
     return first
+
+
+def load_config_file(path: str) -> dict:
+    """--config's JSON object -> values for the parser's defaults: known keys only, each of its
+    field's JSON type (argparse converts a JSON string as it converts a flag's value; its bounds are
+    checked after the merge, like a flag's)."""
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read --config {path}: {e}", "point --config at a readable JSON file") from e
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config {path} is not a JSON object", "write {\"flag_dest\": value, ...}")
+    known = sorted(set(FIELDS) - {"config"})
+    for key in sorted(values):
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            raise ConfigError(f"unknown key {key!r} in --config {path}",
+                              f"did you mean {near[0]!r}?" if near else "use field names such as target_model, "
+                              "use_soft_labels (dflash-train --help; the flag without -- and with _)")
+    out = {}
+    for key, v in values.items():
+        want = base_type(FIELDS[key])
+        if want is bool and not isinstance(v, bool):
+            raise ConfigError(f"--config key {key} must be true or false", f"write \"{key}\": true")
+        if want is str and v is not None and not isinstance(v, str):
+            if key == "wandb_settings" and isinstance(v, dict):
+                v = json.dumps(v)
+            elif isinstance(v, int | float) and not isinstance(v, bool):
+                v = str(v)  # "target_gpus": 0 means "0"
+            else:
+                raise ConfigError(f"--config key {key} {v!r} is not a string", f"write \"{key}\": \"...\"")
+        out[key] = v
+    return out
 
 
 def numbers_as_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """`--lr -1e-3` -> `--lr=-1e-3`: a number after a flag that takes one value is that value.
 
     argparse reads `-1e-3` (but not `-1`) as an unknown option; joined, the value reaches
-    validate_numbers, whose message names the flag and its range."""
+    check_bounds, whose message names the flag and its range."""
     takes_value = {s for act in parser._actions if act.nargs is None and act.option_strings
                    for s in act.option_strings}
     out, i = [], 0
@@ -300,103 +437,57 @@ def numbers_as_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[
     return out
 
 
-def validate_types(parser: argparse.ArgumentParser, args) -> None:
-    """--config values bypass argparse's conversion (a JSON string is converted, a list, a bool or
-    null is not): every numeric flag must hold a number of its type, every choice one of its
-    choices."""
-    for act in parser._actions:
-        if not act.option_strings or act.dest in ("help", "config"):
+# ---- generated: the checks -----------------------------------------------------------------------
+
+def check_types(args) -> None:
+    """--config values bypass argparse's conversion (a JSON string is converted, a number, a list or
+    null is not): every numeric field must hold a number of its type, every choice one of its
+    choices. Integral floats become ints, ints of a float field floats."""
+    for f in FIELDS.values():
+        v, name, want = getattr(args, f.name, None), flag(f.name), base_type(f)
+        if v is None and f.default is None:
             continue
-        v, flag = getattr(args, act.dest, None), act.option_strings[0]
-        if v is None and act.default is None:
-            continue
-        if act.type is int and (isinstance(v, bool) or not isinstance(v, int)):
+        if want is int and (isinstance(v, bool) or not isinstance(v, int)):
             if isinstance(v, float) and v.is_integer():
-                setattr(args, act.dest, int(v))
+                setattr(args, f.name, int(v))
                 continue
-            raise ConfigError(f"{flag} {v!r} is not an integer", f"pass {flag} as a whole number")
-        if act.type is float:
+            raise ConfigError(f"{name} {v!r} is not an integer", f"pass {name} as a whole number")
+        if want is float:
             if isinstance(v, bool) or not isinstance(v, int | float):
-                raise ConfigError(f"{flag} {v!r} is not a number", f"pass {flag} as a number, e.g. {act.default}")
-            setattr(args, act.dest, float(v))
-        if act.choices is not None and v not in act.choices:
-            raise ConfigError(f"{flag} {v!r} is not one of {', '.join(act.choices)}",
-                              f"pass {flag} {next(iter(act.choices))}")
+                raise ConfigError(f"{name} {v!r} is not a number", f"pass {name} as a number, e.g. {f.default}")
+            setattr(args, f.name, float(v))
+        choices = f.metadata["choices"]
+        if choices is not None and v not in choices:
+            raise ConfigError(f"{name} {v!r} is not one of {', '.join(choices)}", f"pass {name} {choices[0]}")
 
 
-def validate_numbers(args) -> None:
-    """Every numeric flag's range (the rules the flags' help states). Raises ConfigError naming the
-    flag, the value given and its range."""
+def check_bounds(args) -> None:
+    """Every field's own range, from its definition: a float must be finite, a bounded number inside
+    its bounds (None passes where None is the default). Raises ConfigError naming the flag, the value
+    and the range."""
+    for f in FIELDS.values():
+        v, m, name = getattr(args, f.name, None), f.metadata, flag(f.name)
+        if v is None or base_type(f) not in (int, float):
+            continue
+        if not math.isfinite(v):
+            raise ConfigError(f"{name} {v} is not a finite number", f"pass {name} as a finite number")
+        inside = ((m["ge"] is None or v >= m["ge"]) and (m["gt"] is None or v > m["gt"])
+                  and (m["le"] is None or v <= m["le"]) and (m["lt"] is None or v < m["lt"]))
+        if not inside:
+            raise ConfigError(f"{name} {v}: must be {rule(f)}", m["fix"] or f"e.g. {name} {m['example']}")
+
+
+def check_rules(args) -> None:
+    """The rules that relate settings to each other or to the filesystem (a field's own range is
+    check_bounds')."""
 
     def need(cond, what, fix):
         if not cond:
             raise ConfigError(what, fix)
 
-    for dest in ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip", "kl_temperature", "kl_weight",
-                 "streak_alpha", "decay_gamma", "noise_start", "noise_end", "rdzv_timeout", "node_timeout",
-                 "eval_temperature", "target_server_wait", "server_check_tol"):
-        v = getattr(args, dest, None)
-        flag = "--" + dest.replace("_", "-")
-        need(v is None or math.isfinite(v), f"{flag} {v} is not a finite number", f"pass {flag} as a finite number")
-
-    def at_least(dest, low, fix, optional=False):
-        v = getattr(args, dest, None)
-        if v is None and optional:
-            return
-        flag = "--" + dest.replace("_", "-")
-        need(v >= low, f"{flag} {v}: must be >= {low}", fix)
-
-    def above(dest, low, fix, optional=False):
-        v = getattr(args, dest, None)
-        if v is None and optional:
-            return
-        flag = "--" + dest.replace("_", "-")
-        need(v > low, f"{flag} {v}: must be > {low}", fix)
-
-    at_least("block_size", 2, "use 8 or 16")
-    at_least("num_draft_layers", 1, "use e.g. 5")
-    at_least("grad_accum", 1, "use 1 or more")
-    at_least("token_budget", 2, "e.g. --token-budget 65536")
-    at_least("max_seq_len", 2, "e.g. --max-seq-len 8192")
-    at_least("max_batch_size", 1, "e.g. --max-batch-size 64")
-    at_least("max_anchors", 1, "e.g. --max-anchors 512")
-    at_least("max_steps", 1, "drop it or raise it", optional=True)
-    at_least("save_interval", 1, "e.g. 1000")
-    at_least("keep_checkpoints", 0, "e.g. 3 (0 keeps all)")
-    at_least("log_interval", 1, "e.g. 1 or 10")
-    at_least("seed", 0, "e.g. 0")
-    at_least("eval_num_prompts", 0, "e.g. 32 (0 = no evaluation)")
-    at_least("eval_max_new_tokens", 1, "e.g. 64")
-    at_least("eval_interval", 0, "e.g. 500 (0 = at the end only)")
-    at_least("eval_interval_prompts", 1, "e.g. 8")
-    at_least("eval_temperature", 0, "e.g. 0 (greedy) or 1")
-    at_least("queue_depth", 0, "e.g. --queue-depth 0 (auto)")
-    at_least("target_server_wait", 0, "e.g. --target-server-wait 900")
-    at_least("server_check_every", 0, "e.g. --server-check-every 500 (0 = never)")
-    at_least("server_check_tol", 0, "e.g. --server-check-tol 0.02")
-    at_least("server_gpus", 1, "pass each vLLM server's tensor-parallel x data-parallel size, e.g. --server-gpus 2")
-    at_least("plan_steps", 1, "e.g. 3")
-    at_least("nnodes", 1, "e.g. 1")
-    at_least("mask_token_id", 0, "drop it for the target's default spare row", optional=True)
-    for dest in ("sliding_window", "drafter_num_heads", "drafter_num_kv_heads", "drafter_head_dim",
-                 "drafter_intermediate_size"):
-        at_least(dest, 1, f"drop --{dest.replace('_', '-')} for the target's default", optional=True)
-    above("epochs", 0, "e.g. --epochs 1")
-    above("kl_temperature", 0, "e.g. 1.0")
-    above("decay_gamma", 0, "e.g. 7 for block 16, or drop it", optional=True)
-    above("rdzv_timeout", 0, "e.g. 300")
-    above("node_timeout", 0, "e.g. 30")
-    at_least("weight_decay", 0, "e.g. 0.01 (0 = none)")
-    at_least("grad_clip", 0, "e.g. 1.0 (0 = off)")
-    at_least("noise_start", 0, "e.g. 0.1 (0 = no noise)")
-    at_least("noise_end", 0, "e.g. 0.01 (0 = no noise)")
-    need(0.0 < args.lr < 1.0, f"--lr {args.lr}: must be in (0, 1)", "e.g. --lr 6e-4")
-    need(0.0 <= args.warmup_ratio < 1.0, f"--warmup-ratio {args.warmup_ratio}: must be in [0, 1)", "e.g. 0.04")
-    need(0.0 <= args.kl_weight <= 1.0, f"--kl-weight {args.kl_weight}: must be in [0, 1]", "e.g. 0.7")
-    need(0.0 <= args.streak_alpha <= 1.0, f"--streak-alpha {args.streak_alpha}: must be in [0, 1]", "e.g. 0.5")
     need(args.max_seq_len <= args.token_budget, f"--max-seq-len {args.max_seq_len} exceeds --token-budget "
          f"{args.token_budget}: such sequences could never be packed", "raise --token-budget or lower --max-seq-len")
-    need(args.nnodes >= 1 and 0 <= args.node_rank < args.nnodes, f"--node-rank {args.node_rank} is not in "
+    need(0 <= args.node_rank < args.nnodes, f"--node-rank {args.node_rank} is not in "
          f"0..{args.nnodes - 1} (--nnodes {args.nnodes})", "number the nodes 0..nnodes-1")
     if args.nnodes > 1 or args.rdzv_endpoint:
         endpoint = args.rdzv_endpoint
@@ -408,8 +499,7 @@ def validate_numbers(args) -> None:
         args.rdzv_endpoint = endpoint
     need(args.resume in ("auto", "never") or os.path.isdir(args.resume), f"--resume {args.resume}: not auto, "
          "never, or an existing checkpoint directory", "pass auto, never, or checkpoints/step-XXXXXXXX")
-    init_from = getattr(args, "init_from", None)
-    need(init_from is None or os.path.isdir(init_from), f"--init-from {init_from}: not a directory",
+    need(args.init_from is None or os.path.isdir(args.init_from), f"--init-from {args.init_from}: not a directory",
          "pass a DFlash drafter directory (config.json + model.safetensors), e.g. dflash-export's OUT_DIR")
 
 

@@ -1,0 +1,106 @@
+"""RunConfig is the one definition of dflash-train's settings: every bound, type and choice a field
+declares is enforced from it, on the command line and in --config alike, and nothing else decides."""
+
+import dataclasses
+import json
+
+import pytest
+from flashfleet_trainer import config
+from flashfleet_trainer.config import FIELDS, ConfigError, build_parser, flag, parse_args, rule
+
+BASE = ["--target-model", "/m", "--data-dir", "/d", "--output-dir", "/o"]
+BOUNDED = [f for f in FIELDS.values() if rule(f)]
+
+
+def _edges(f):
+    """(just outside, just inside) for each side the field bounds."""
+    m, step = f.metadata, (1 if config.base_type(f) is int else 1e-6)
+    out = []
+    if m["ge"] is not None:
+        out.append((m["ge"] - step, m["ge"]))
+    if m["gt"] is not None:
+        out.append((m["gt"], m["gt"] + step))
+    if m["le"] is not None:
+        out.append((m["le"] + step, m["le"]))
+    if m["lt"] is not None:
+        out.append((m["lt"], m["lt"] - step))
+    return out
+
+
+def _valid_beside(name, value):
+    """Other fields set so that a value just inside `name`'s bounds passes the cross-field rules."""
+    extra = {"token_budget": value} if name == "max_seq_len" else {}
+    if name == "token_budget":
+        extra = {"max_seq_len": min(value, 2)}
+    if name == "nnodes" and value > 1:
+        extra = {"rdzv_endpoint": "node0:29400"}
+    return [x for k, v in extra.items() for x in (flag(k), str(v))]
+
+
+def test_the_definition_bounds_the_settings_the_issue_lists():
+    assert len(BOUNDED) >= 40 and {"lr", "block_size", "kl_weight", "server_gpus", "plan_steps"} <= {f.name for f in BOUNDED}
+
+
+@pytest.mark.parametrize("f", BOUNDED, ids=lambda f: f.name)
+def test_every_bound_is_enforced_on_the_command_line_and_stated_in_help(f):
+    helptext = " ".join(build_parser().format_help().split())
+    assert f"({rule(f)}" in helptext
+    for outside, inside in _edges(f):
+        with pytest.raises(ConfigError) as e:
+            parse_args([*BASE, flag(f.name), str(outside), *_valid_beside(f.name, inside)])
+        assert e.value.what.startswith(f"{flag(f.name)} ") and f"must be {rule(f)}" in e.value.what
+        a = parse_args([*BASE, flag(f.name), str(inside), *_valid_beside(f.name, inside)])
+        assert getattr(a, f.name) == inside
+
+
+@pytest.mark.parametrize("f", BOUNDED, ids=lambda f: f.name)
+def test_every_bound_is_enforced_in_config_json(f, tmp_path):
+    outside, _ = _edges(f)[0]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"target_model": "/m", "data_dir": "/d", "output_dir": "/o", f.name: outside}))
+    with pytest.raises(ConfigError, match=f"^{flag(f.name)} .*must be"):
+        parse_args(["--config", str(path), *_valid_beside(f.name, _edges(f)[0][1])])
+
+
+def test_parser_is_generated_from_the_fields():
+    parser = build_parser()
+    dests = {a.dest: a for a in parser._actions if a.dest != "help"}
+    assert set(dests) == set(FIELDS)
+    for name, f in FIELDS.items():
+        assert dests[name].default == f.default and dests[name].option_strings == [flag(name)]
+        assert dests[name].choices == f.metadata["choices"]
+
+
+def test_defaults_are_the_dataclass_defaults():
+    a = parse_args(BASE)
+    assert dataclasses.asdict(config.RunConfig(**vars(a))) == vars(a)
+
+
+@pytest.mark.parametrize("key, near", [("lerning_rate", None), ("use_soft_label", "use_soft_labels"),
+                                       ("block", "block_size"), ("num_draft_layer", "num_draft_layers")])
+def test_unknown_config_key_names_the_key_and_the_nearest_field(key, near, tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"target_model": "/m", "data_dir": "/d", "output_dir": "/o", key: 1}))
+    with pytest.raises(ConfigError) as e:
+        parse_args(["--config", str(path)])
+    assert f"unknown key {key!r}" in e.value.what
+    if near:
+        assert f"did you mean {near!r}?" == e.value.fix
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("block_size", "x", "invalid int value"), ("block_size", 2.5, "is not an integer"), ("lr", [1], "is not a number"),
+    ("lr", True, "is not a number"), ("use_soft_labels", 1, "must be true or false"),
+    ("attn_impl", "fast", "is not one of auto, dense, flex"), ("target_layers", [1, 2], "is not a string"),
+])
+def test_wrong_config_types_are_refused(key, value, says, tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"target_model": "/m", "data_dir": "/d", "output_dir": "/o", key: value}))
+    with pytest.raises(ConfigError, match=says):
+        parse_args(["--config", str(path)])
+
+
+def test_every_field_has_a_doc_a_group_and_a_type():
+    for f in FIELDS.values():
+        assert f.metadata["doc"] and f.metadata["group"], f.name
+        assert config.base_type(f) in (int, float, str, bool), f.name

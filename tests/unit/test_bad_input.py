@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 from flashfleet.contract import messages
+from flashfleet.contract.messages import EX_CONFIG, EX_NONFINITE
 from flashfleet_trainer.checkpoint import complete_checkpoints
 from flashfleet_trainer.cli import main
-from flashfleet_trainer.config import EX_CONFIG, EX_NONFINITE, build_parser
+from flashfleet_trainer.config import build_parser
 
 
 def _tree(root):
@@ -157,7 +158,7 @@ def test_negative_values_of_the_right_range_still_parse_and_help_states_ranges(t
 def test_teacher_fp8_needs_a_hidden_size_of_a_multiple_of_16():
     from types import SimpleNamespace
 
-    from flashfleet_trainer.config import ConfigError
+    from flashfleet_trainer.errors import ConfigError
     from flashfleet_trainer.preflight import preflight_teacher_fp8
 
     args = SimpleNamespace(teacher_fp8=True, use_soft_labels=True, kl_weight=0.7, loss_impl="auto")

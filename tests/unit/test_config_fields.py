@@ -6,7 +6,8 @@ import json
 
 import pytest
 from flashfleet_trainer import config
-from flashfleet_trainer.config import FIELDS, ConfigError, build_parser, flag, parse_args, rule
+from flashfleet_trainer.config import FIELDS, build_parser, flag, parse_args, rule
+from flashfleet_trainer.errors import ConfigError
 
 BASE = ["--target-model", "/m", "--data-dir", "/d", "--output-dir", "/o"]
 BOUNDED = [f for f in FIELDS.values() if rule(f)]

@@ -231,7 +231,8 @@ def test_message_patterns_match_what_the_trainer_prints():
 
 
 def test_trainer_prints_the_contract_line():
-    from flashfleet_trainer.config import EX_CONFIG, ConfigError
+    from flashfleet.contract.messages import EX_CONFIG
+    from flashfleet_trainer.errors import ConfigError
 
     assert EX_CONFIG == messages.EX_CONFIG == 78
     assert ConfigError("what", "fix").line() == messages.config_error("what", "fix")

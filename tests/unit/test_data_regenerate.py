@@ -16,7 +16,7 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
-from flashfleet_trainer.config import EX_CONFIG
+from flashfleet.contract.messages import EX_CONFIG
 from flashfleet_trainer.data import INPUT_IDS, LOSS_MASK, load_data
 from flashfleet_trainer.data_cli import main
 from transformers import AutoTokenizer

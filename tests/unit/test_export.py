@@ -17,11 +17,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flashfleet.contract import checkpoint as contract
+from flashfleet.contract.messages import EX_CONFIG
 from flashfleet_trainer import export
 from flashfleet_trainer.checkpoint import newest_complete
 from flashfleet_trainer.cli import main as train_main
-from flashfleet_trainer.config import EX_CONFIG, ConfigError, parse_args
+from flashfleet_trainer.config import parse_args
 from flashfleet_trainer.drafter import DFlashDrafter, drafter_hidden, load_drafter
+from flashfleet_trainer.errors import ConfigError
 from flashfleet_trainer.evaluate import load_exported_drafter, load_prompts, speculative_tau
 from flashfleet_trainer.evaluate import main as eval_main
 from flashfleet_trainer.target import HiddenStateProducer

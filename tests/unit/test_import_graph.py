@@ -95,6 +95,9 @@ def test_layers_of_the_trainer():
     assert importers[t + "launch"] == {t + "cli"}
     assert not graph[t + "feed"] & {t + "trainer", t + "topology", t + "planner", t + "launch"}
     assert not graph[t + "trainer"] & {t + "topology", t + "planner", t + "launch"}
+    # a module that only raises or catches a run's errors imports errors, not the command line's parser
+    assert not {m for m in graph[t + "errors"] if m.startswith(t)}
+    assert importers[t + "config"] <= {t + "cli", t + "preflight", t + "vllm_target"}
 
 
 def test_finds_a_cycle_through_relative_and_function_level_imports(tmp_path):

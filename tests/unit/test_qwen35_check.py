@@ -12,9 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from flashfleet.contract.messages import EX_CONFIG
 from flashfleet_trainer import preflight as pf
 from flashfleet_trainer.cli import main
-from flashfleet_trainer.config import EX_CONFIG, ConfigError, parse_args
+from flashfleet_trainer.config import parse_args
+from flashfleet_trainer.errors import ConfigError
 
 # Qwen3.6-27B's config.json: the facts of the published checkpoint (model_type qwen3_5, the
 # multimodal wrapper; text_config as in THUDM/slime's qwen3.5-27B recipe and public reproductions).

@@ -24,9 +24,10 @@ from flashfleet_trainer.attention import (
     interval_mask_mod,
     resolve_attn_impl,
 )
-from flashfleet_trainer.config import ConfigError, parse_args
+from flashfleet_trainer.config import parse_args
 from flashfleet_trainer.data import build_blocks
 from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig, drafter_hidden
+from flashfleet_trainer.errors import ConfigError
 from flashfleet_trainer.trainer import Prepared
 
 needs_flex = pytest.mark.skipif(not flex_available(), reason="this torch has no torch.nn.attention.flex_attention")

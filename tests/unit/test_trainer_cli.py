@@ -9,8 +9,9 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from flashfleet.contract.messages import EX_CONFIG
 from flashfleet_trainer.cli import main
-from flashfleet_trainer.config import EX_CONFIG, build_parser, parse_args
+from flashfleet_trainer.config import build_parser, parse_args
 
 INCIDENT = """--target-model /dev/shm/Qwen3.6-27B
   --data-dir /workspace/tokenized_completions --output-dir /workspace/checkpoints

@@ -6,7 +6,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from flashfleet_trainer.attention import block_attention_inputs
-from flashfleet_trainer.config import ConfigError
 from flashfleet_trainer.data import (
     anchor_candidates,
     build_blocks,
@@ -16,6 +15,7 @@ from flashfleet_trainer.data import (
     spread_anchors,
 )
 from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig, drafter_hidden
+from flashfleet_trainer.errors import ConfigError
 from flashfleet_trainer.loss import IGNORE
 from flashfleet_trainer.target import default_target_layers, layer_ids_problem
 

@@ -2,8 +2,8 @@
 
 import pytest
 from flashfleet.contract import metrics as contract
+from flashfleet.contract.messages import EX_CONFIG
 from flashfleet_trainer.cli import main as train_main
-from flashfleet_trainer.config import EX_CONFIG
 from flashfleet_trainer.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

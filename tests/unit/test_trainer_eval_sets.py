@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from flashfleet_trainer.config import EX_CONFIG
+from flashfleet.contract.messages import EX_CONFIG
 from flashfleet_trainer.evaluate import PromptError, load_prompt_sets
 from flashfleet_trainer.evaluate import main as eval_main
 

@@ -8,7 +8,8 @@ import re
 import pytest
 from flashfleet.contract import layout, starts
 from flashfleet.contract import metrics as contract
-from flashfleet_trainer.config import ConfigError, parse_args
+from flashfleet_trainer.config import parse_args
+from flashfleet_trainer.errors import ConfigError
 from flashfleet_trainer.launch import run
 
 

@@ -16,7 +16,8 @@ import pytest
 from flashfleet.contract import layout
 from flashfleet.contract import status as contract
 from flashfleet_trainer import target as target_mod
-from flashfleet_trainer.config import ConfigError, parse_args
+from flashfleet_trainer.config import parse_args
+from flashfleet_trainer.errors import ConfigError
 from flashfleet_trainer.launch import run
 from flashfleet_trainer.loadwatch import LoadWatch, mapped_bytes, shard_files, stall_seconds
 from flashfleet_trainer.metrics import Status

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from flashfleet.contract import checkpoint as contract
 from flashfleet.contract import files
-from flashfleet_trainer.config import ConfigError, parse_args
+from flashfleet_trainer.config import parse_args
+from flashfleet_trainer.errors import ConfigError
 from flashfleet_trainer.launch import run
 
 from tests.unit.conftest import tiny_argv

@@ -11,9 +11,10 @@ import time
 
 import pytest
 import torch
+from flashfleet.contract.messages import EX_CONFIG
 from flashfleet_trainer.checkpoint import complete_checkpoints
 from flashfleet_trainer.cli import main
-from flashfleet_trainer.config import EX_CONFIG, parse_devices
+from flashfleet_trainer.config import parse_devices
 from flashfleet_trainer.planner import anchor_headroom, best_split, headroom_line, server_flags
 from flashfleet_trainer.preflight import memory_need
 from safetensors.torch import load_file

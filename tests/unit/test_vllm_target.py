@@ -24,8 +24,9 @@ import time
 import pytest
 import torch
 from flashfleet.contract import messages
+from flashfleet.contract.messages import EX_CONFIG
 from flashfleet_trainer.cli import main
-from flashfleet_trainer.config import EX_CONFIG, parse_args
+from flashfleet_trainer.config import parse_args
 from flashfleet_trainer.data import load_data
 from flashfleet_trainer.feed import InProcessFeed, wants_final_state
 from flashfleet_trainer.preflight import preflight
@@ -119,7 +120,7 @@ def test_an_unreachable_server_fails_the_start_for_a_retry_not_for_good(trainer_
     assert main(trainer_argv("--target-servers", "http://127.0.0.1:9", "--check")) == 1  # not 78: a restart helps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
-        "flashfleet_trainer.config.UnreachableServerError: vLLM target server http://127.0.0.1:9 unreachable"), err
+        "flashfleet_trainer.errors.UnreachableServerError: vLLM target server http://127.0.0.1:9 unreachable"), err
     assert re.match(messages.START_FAILURE_PATTERN, err[0]) and messages.TARGET_SERVER_RE.search(err[0])
 
 

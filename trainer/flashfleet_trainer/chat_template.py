@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .config import ConfigError
+from .errors import ConfigError
 
 THINKING = ("keep", "strip")
 

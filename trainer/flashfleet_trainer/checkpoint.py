@@ -32,7 +32,7 @@ from flashfleet.contract import messages
 from flashfleet.contract.files import fsync_dir, fsync_file
 from safetensors.torch import load_file, save_file
 
-from .config import ConfigError
+from .errors import ConfigError
 
 WEIGHTS, CONFIG, STATE, MANIFEST = contract.WEIGHTS, contract.CONFIG, contract.STATE, contract.MANIFEST
 step_dir_name = contract.step_dir_name

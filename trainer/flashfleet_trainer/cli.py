@@ -11,7 +11,10 @@ What runs after parsing (check, plan, one process or a node) is launch.run's cho
 
 import sys
 
-from .config import EX_CONFIG, EX_NONFINITE, ConfigError, NonFiniteLoss, TargetServerError, parse_args
+from flashfleet.contract.messages import EX_CONFIG, EX_NONFINITE
+
+from .config import parse_args
+from .errors import ConfigError, NonFiniteLoss, TargetServerError
 
 
 def main(argv=None) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import ConfigError
+from .errors import ConfigError
 
 # ShareGPT's speakers as OpenAI roles (the names the public ShareGPT-style sets use).
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",

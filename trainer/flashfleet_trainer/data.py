@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from .config import ConfigError
+from .errors import ConfigError
 from .loss import IGNORE
 
 # The Parquet columns: owned here, written by data_build (dflash-data) and tiny data sets.

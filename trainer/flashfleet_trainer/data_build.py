@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .chat_template import ChatTemplate, Drop
-from .config import ConfigError
 from .conversations import Conversation
 from .data import INPUT_IDS, LOSS_MASK
+from .errors import ConfigError
 
 SUMMARY = "build.json"
 STAGING = ".building"

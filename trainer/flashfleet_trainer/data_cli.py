@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import EX_CONFIG, ConfigError
+from flashfleet.contract.messages import EX_CONFIG
+
+from .errors import ConfigError
 
 
 def parse_args(argv=None) -> argparse.Namespace:

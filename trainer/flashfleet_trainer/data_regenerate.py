@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .chat_template import ChatTemplate
-from .config import ConfigError
 from .conversations import read_conversations
+from .errors import ConfigError
 
 WORK_DIR = "regenerate"
 LEDGER = "responses.jsonl"

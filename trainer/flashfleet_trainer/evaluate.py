@@ -368,9 +368,11 @@ def _tokenizer_of(target_model):
 
 
 def main(argv=None):
+    from flashfleet.contract.messages import EX_CONFIG
+
     from .checkpoint import complete_checkpoints
-    from .config import EX_CONFIG, ConfigError
     from .drafter import load_drafter
+    from .errors import ConfigError
     from .target import HiddenStateProducer
 
     p = argparse.ArgumentParser(prog="dflash-eval", description="Measure the real acceptance length tau of a "

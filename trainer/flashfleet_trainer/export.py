@@ -35,9 +35,10 @@ from flashfleet.contract import layout
 from flashfleet.contract import metrics as metrics_contract
 from flashfleet.contract import safetensors as st_contract
 from flashfleet.contract.files import fsync_dir, fsync_file
+from flashfleet.contract.messages import EX_CONFIG
 
-from .config import EX_CONFIG, ConfigError
 from .drafter import DrafterConfig
+from .errors import ConfigError
 from .target import default_target_layers, layer_ids_problem
 
 WEIGHTS, CONFIG, README = "model.safetensors", "config.json", "README.md"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from flashfleet.contract import status as contract
 
-from .config import ConfigError
+from .errors import ConfigError
 
 GIB = 2**30
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from flashfleet.contract import layout, starts, status
 from flashfleet.contract import metrics as contract
 
-from .config import ConfigError
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)

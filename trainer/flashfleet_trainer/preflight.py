@@ -27,9 +27,10 @@ from flashfleet.contract.layout import CHECKPOINTS
 from . import checkpoint as ckpt
 from . import short_conv, wandb_compat
 from .attention import flex_available, resolve_attn_impl
-from .config import ConfigError, parse_devices
+from .config import parse_devices
 from .data import check_schema
 from .drafter import DrafterConfig, default_mask_token_id
+from .errors import ConfigError
 from .loss import get_loss_fn
 from .target import (
     check_target_config,

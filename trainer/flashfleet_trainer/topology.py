@@ -64,8 +64,9 @@ import traceback
 import torch
 import torch.multiprocessing as mp
 from flashfleet.contract import messages
+from flashfleet.contract.messages import EX_CONFIG, EX_NONFINITE
 
-from .config import EX_CONFIG, EX_NONFINITE, ConfigError, NonFiniteLoss
+from .errors import ConfigError, NonFiniteLoss
 from .feed import QueueFeed, answer, wants_final_state
 from .metrics import Status
 from .notify import Notifier

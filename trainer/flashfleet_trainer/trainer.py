@@ -36,9 +36,9 @@ from flashfleet.contract import metrics as contract
 from . import checkpoint as ckpt
 from . import wandb_compat
 from .attention import SparseAttention, flex_layouts, resolve_attn_impl
-from .config import ConfigError, NonFiniteLoss
 from .data import Blocks, build_blocks, load_data, pack_epoch, sample_anchors
 from .drafter import DFlashDrafter, DrafterConfig, drafter_hidden, gather_rows
+from .errors import ConfigError, NonFiniteLoss
 from .evaluate import eval_wanted, evaluate_drafter
 from .feed import Feed, InProcessFeed, wants_final_state
 from .loadwatch import LoadWatch

@@ -33,7 +33,8 @@ from urllib.parse import urlparse
 import torch
 from flashfleet.contract.messages import TARGET_SERVER
 
-from .config import TargetServerError, UnreachableServerError, parse_devices
+from .config import parse_devices
+from .errors import TargetServerError, UnreachableServerError
 from .feed import Features, pad_batch
 from .vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
 

@@ -11,7 +11,7 @@ time, and report both versions when it fails. The trainer itself passes no priva
 import importlib.metadata as md
 import json
 
-from .config import ConfigError
+from .errors import ConfigError
 
 
 def versions() -> str:

@@ -105,3 +105,11 @@ def test_every_field_has_a_doc_a_group_and_a_type():
     for f in FIELDS.values():
         assert f.metadata["doc"] and f.metadata["group"], f.name
         assert config.base_type(f) in (int, float, str, bool), f.name
+
+
+def test_docs_flag_table_is_the_generated_one():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "trainer.md").read_text()
+    table = doc.split("<!-- flags: generated, do not edit by hand -->\n", 1)[1].split("<!-- end flags -->", 1)[0]
+    assert table == config.markdown_table(), "regenerate: python -m flashfleet_trainer.config --markdown"

@@ -465,6 +465,26 @@ def check_rules(args) -> None:
          "pass a DFlash drafter directory (config.json + model.safetensors), e.g. dflash-export's OUT_DIR")
 
 
+# ---- generated: the flag table of docs/trainer.md --------------------------------------------------
+
+def markdown_table() -> str:
+    """The settings as docs/trainer.md's flag table, one table per group (`python -m
+    flashfleet_trainer.config --markdown` prints it; a test fails when the doc differs)."""
+    out, group = [], None
+    for f in FIELDS.values():
+        if f.metadata["group"] != group:
+            group = f.metadata["group"]
+            out += ["", f"**{group}**", "", "| flag / `--config` key | type | default | range | meaning |",
+                    "|---|---|---|---|---|"]
+        choices = f.metadata["choices"]
+        allowed = " \\| ".join(choices) if choices else "; ".join(x for x in (rule(f), f.metadata["note"]) if x)
+        default = "" if f.default is None else json.dumps(f.default)
+        cells = [f"`{flag(f.name)}` / `{f.name}`", base_type(f).__name__, f"`{default}`" if default else "",
+                 allowed, f.metadata["doc"].replace("|", "\\|")]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out[1:]) + "\n"
+
+
 def parse_devices(spec: str, flag: str) -> list[str]:
     """'cpu' -> ['cpu']; 'cpu,cpu' -> ['cpu', 'cpu'] (two CPU workers); '0,1,2' -> ['cuda:0', 'cuda:1', 'cuda:2'].
 
@@ -483,3 +503,9 @@ def parse_devices(spec: str, flag: str) -> list[str]:
     if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
         raise ConfigError(f"{flag} {spec!r}: need distinct non-negative GPU indices", f"e.g. {flag} 0,1")
     return [f"cuda:{i}" for i in ids]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--markdown"]:
+        sys.exit("usage: python -m flashfleet_trainer.config --markdown")
+    sys.stdout.write(markdown_table())

@@ -1,6 +1,6 @@
-"""Jinja filters: dflash-train's own defaults where the role needs one, read from the trainer's
-parser (flashfleet_trainer.config, from the installed project), so that the role passes a run's
-settings through without writing a second default of its own.
+"""Jinja filters: dflash-train's own defaults where the role needs one, read from the trainer's one
+definition of its settings (flashfleet_trainer.config.RunConfig, from the installed project), so
+that the role passes a run's settings through without writing a second default of its own.
 
     {{ 'drafter_gpus' | dflash_train_default }}     '0', as `dflash-train` without --drafter-gpus
     {{ spec.trainer | dflash_train_setting('target_gpus') }}   the run's value, else the trainer's default
@@ -22,8 +22,7 @@ def _defaults() -> dict:
         raise AnsibleFilterError(
             f"dflash_train_default: cannot import flashfleet_trainer.config ({e}). Fix: run ansible-playbook from "
             "the project's venv (make venv installs the project into .venv)") from None
-    parser = config.build_parser()
-    return {a.dest: a.default for a in parser._actions if a.dest != "help"}
+    return {name: f.default for name, f in config.FIELDS.items()}
 
 
 def dflash_train_default(dest):

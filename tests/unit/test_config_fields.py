@@ -113,3 +113,18 @@ def test_docs_flag_table_is_the_generated_one():
     doc = (Path(__file__).parents[2] / "docs" / "trainer.md").read_text()
     table = doc.split("<!-- flags: generated, do not edit by hand -->\n", 1)[1].split("<!-- end flags -->", 1)[0]
     assert table == config.markdown_table(), "regenerate: python -m flashfleet_trainer.config --markdown"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--block-size", "1"], "--block-size 1: must be >= 2"),
+    (["--num-draft-layers", "0"], "--num-draft-layers 0: must be >= 1"),
+    (["--max-new-tokens", "0"], "--eval-max-new-tokens 0: must be >= 1"),  # dflash-eval's older name, one field
+    (["--temperature", "-1"], "--eval-temperature -1.0: must be >= 0"),
+    (["--seed", "-1"], "--seed -1: must be >= 0"),
+])
+def test_dflash_eval_shares_the_trainers_fields_and_bounds(argv, says, capsys):
+    from flashfleet.contract.messages import EX_CONFIG
+    from flashfleet_trainer.evaluate import main
+
+    assert main(["--target-model", "/m", "--prompts", "/p.jsonl", *argv]) == EX_CONFIG
+    assert says in capsys.readouterr().err

@@ -138,7 +138,9 @@ class RunConfig:
     # drafter
     block_size: int = setting(16, "tokens per draft block (anchor + block-size-1 predictions)",
                               group="drafter", ge=2, example=16)
-    num_draft_layers: int = setting(5, "drafter decoder layers", group="drafter", ge=1)
+    num_draft_layers: int = setting(
+        5, "drafter decoder layers (dflash-eval --random-drafter: 2 unless given, since an untrained "
+        "drafter's tau does not grow with its depth and fewer layers evaluate faster)", group="drafter", ge=1)
     target_layers: str | None = setting(
         None, "comma-separated target decoder-layer indices whose OUTPUTS feed the drafter (0-based: layer "
         "i = HF hidden_states[i+1]); default: num-draft-layers spread evenly over 1..L-3", group="drafter")
@@ -312,14 +314,25 @@ def build_parser() -> argparse.ArgumentParser:
     for f in FIELDS.values():
         group = groups.get(f.metadata["group"]) or groups.setdefault(
             f.metadata["group"], p.add_argument_group(f.metadata["group"]))
-        kw = dict(default=f.default, help=help_text(f).replace("%", "%%"))
-        if base_type(f) is bool:
-            kw["action"] = "store_true"
-        else:
-            kw["type"] = None if base_type(f) is str else base_type(f)
-            kw.update({k: f.metadata[k] for k in ("choices", "metavar") if f.metadata[k] is not None})
-        group.add_argument(flag(f.name), **kw)
+        add_setting(group, f.name)
     return p
+
+
+def add_setting(parser: argparse.ArgumentParser, name: str, *aliases: str, default=dataclasses.MISSING,
+                use: str = "") -> None:
+    """Another command's flag for the same setting (dflash-eval's), from the same field: its type,
+    choices and doc with range; `aliases` keep that command's older names, `default` overrides the
+    field's (the field's doc says why), `use` says what the setting is for there. Check the parsed
+    values with check_bounds."""
+    f = FIELDS[name]
+    kw = dict(dest=name, default=f.default if default is dataclasses.MISSING else default,
+              help=(help_text(f) + (f"; {use}" if use else "")).replace("%", "%%"))
+    if base_type(f) is bool:
+        kw["action"] = "store_true"
+    else:
+        kw["type"] = None if base_type(f) is str else base_type(f)
+        kw.update({k: f.metadata[k] for k in ("choices", "metavar") if f.metadata[k] is not None})
+    parser.add_argument(flag(name), *aliases, **kw)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -371,6 +371,7 @@ def main(argv=None):
     from flashfleet.contract.messages import EX_CONFIG
 
     from .checkpoint import complete_checkpoints
+    from .config import add_setting, check_bounds
     from .drafter import load_drafter
     from .errors import ConfigError
     from .target import HiddenStateProducer
@@ -383,22 +384,21 @@ def main(argv=None):
     p.add_argument("--run-config", default=None, metavar="RUN.json", help="a run's rendered configuration (what "
                    "dflash-train --config reads): its target model and held-out prompts, where --target-model "
                    "and --prompts are not given")
-    p.add_argument("--target-model", default=None)
+    add_setting(p, "target_model")
     p.add_argument("--checkpoint", default=None, help="checkpoint dir (default: newest complete in --output-dir)")
-    p.add_argument("--output-dir", default=None, help="a run directory; its newest complete checkpoint is used")
+    add_setting(p, "output_dir", use="here its newest complete checkpoint is evaluated")
     p.add_argument("--drafter", default=None, metavar="DIR", help="a DFlash drafter directory (dflash-export's "
                    "OUT_DIR, or a published one: config.json + model.safetensors) instead of a checkpoint")
     p.add_argument("--random-drafter", action="store_true", help="evaluate an untrained drafter (the baseline)")
-    p.add_argument("--block-size", type=int, default=16, help="with --random-drafter")
-    p.add_argument("--num-draft-layers", type=int, default=2, help="with --random-drafter")
-    p.add_argument("--seed", type=int, default=0, help="the random drafter's init and the sampling generator")
+    add_setting(p, "block_size", use="with --random-drafter")
+    add_setting(p, "num_draft_layers", default=2, use="with --random-drafter")
+    add_setting(p, "seed", use="here the random drafter's init and the sampling generator")
     p.add_argument("--prompts", default=None, nargs="+", metavar="JSONL", help="prompt set files: one JSON object "
                    "per line, {\"set\": NAME, \"input_ids\": [...]} or {\"set\": NAME, \"messages\": [...]} "
                    "(chat messages, rendered with the target's chat template); no \"set\": the file's stem")
     p.add_argument("--num-prompts", type=int, default=32, help="prompts per set (the first N)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0: speculative "
-                   "sampling, the output distributed as the target's sampling at this temperature")
+    add_setting(p, "eval_max_new_tokens", "--max-new-tokens")
+    add_setting(p, "eval_temperature", "--temperature")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus for sampling, in (0, 1]")
     p.add_argument("--no-cache", action="store_true", help="re-run the whole sequence every cycle (the oracle the "
                    "cached evaluator is tested against; slower)")
@@ -413,10 +413,14 @@ def main(argv=None):
             a.prompts = a.prompts or [str(run_prompts_path(run.get("eval_prompts"), run.get("data_dir", ".")))]
         if not a.target_model or not a.prompts:
             raise ValueError("--target-model and --prompts are needed (or --run-config RUN.json that names them)")
-        sampling = Sampling(a.temperature, a.top_p)
-        if a.num_prompts < 1 or a.max_new_tokens < 1:
-            raise ValueError(f"--num-prompts {a.num_prompts} and --max-new-tokens {a.max_new_tokens} must be >= 1")
+        check_bounds(a)  # the shared settings' ranges, as dflash-train checks them
+        sampling = Sampling(a.eval_temperature, a.top_p)
+        if a.num_prompts < 1:
+            raise ValueError(f"--num-prompts {a.num_prompts} must be >= 1")
         sets = load_prompt_sets(a.prompts, a.num_prompts, _tokenizer_of(a.target_model))
+    except ConfigError as e:
+        print(e.line(), file=sys.stderr)
+        return EX_CONFIG
     except PromptError as e:
         print(ConfigError(e.what, e.fix).line(), file=sys.stderr)
         return EX_CONFIG
@@ -455,7 +459,7 @@ def main(argv=None):
             ckpt = found[-1]
         drafter = load_drafter(ckpt, a.device)
     producer = HiddenStateProducer(a.target_model, [a.device], drafter.config.target_layer_ids, a.device)
-    res = speculative_tau(producer, drafter, sets, drafter.config.block_size, a.max_new_tokens,
+    res = speculative_tau(producer, drafter, sets, drafter.config.block_size, a.eval_max_new_tokens,
                           cache=not a.no_cache, sampling=sampling, seed=a.seed)
     res.pop("per_prompt")
     if a.prompts_out:

@@ -27,7 +27,7 @@ from flashfleet.contract.layout import CHECKPOINTS
 from . import checkpoint as ckpt
 from . import short_conv, wandb_compat
 from .attention import flex_available, resolve_attn_impl
-from .config import parse_devices
+from .config import check_bounds, parse_devices
 from .data import check_schema
 from .drafter import DrafterConfig, default_mask_token_id
 from .errors import ConfigError
@@ -470,11 +470,7 @@ def drafter_config(args, tcfg, layer_ids, mask_id) -> DrafterConfig:
     """The drafter this run builds: the target's defaults (`drafter.drafter_defaults`) and the flags.
     Flags absent from `args` (an older Namespace) count as not given."""
     args = _DrafterFlags(args)
-    for flag, v in (("--sliding-window", args.sliding_window), ("--drafter-num-heads", args.drafter_num_heads),
-                    ("--drafter-num-kv-heads", args.drafter_num_kv_heads), ("--drafter-head-dim", args.drafter_head_dim),
-                    ("--drafter-intermediate-size", args.drafter_intermediate_size)):
-        if v is not None and v < 1:
-            raise ConfigError(f"{flag} must be >= 1, not {v}", f"drop {flag} for the target's default")
+    check_bounds(args)  # the shape flags' ranges, for callers that built args without parse_args
     try:
         dcfg = DrafterConfig.from_target(
             tcfg, num_draft_layers=args.num_draft_layers, target_layer_ids=layer_ids, block_size=args.block_size,

@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 
 LANE1=(lint pytest "molecule cuda" "molecule vllm")
 LANE2=("molecule kernel" "molecule driver" "molecule faults" "molecule cluster" "molecule launch"
-       "molecule staging" "molecule default")
+       "molecule staging")
 
 # Every scenario directory must be in exactly one lane: a new scenario fails here, never skipped.
 check_lanes() {

@@ -151,10 +151,11 @@ def build(out, seed=0, vocab=256, hidden=128, layers=4, steps=150, num_seqs=512,
     t0 = time.time()
     threads = torch.get_num_threads()
     try:
-        if arch == "qwen3_5":
-            # The torch reference of the Gated-DeltaNet layers is a chain of small ops: on a small
-            # shared CPU a second thread only adds synchronization (10x slower under contention).
-            torch.set_num_threads(1)
+        # The tiny models' ops are small: a second thread only adds synchronization, and when the
+        # machine's other core is busy (a test suite beside this build) an OpenMP pool of two waits
+        # on a descheduled thread at every op. Measured on 2 cores, the qwen3 assets: 33 s with 2
+        # threads and 46 s with 1 on a quiet machine, 330 s and 47 s with one core kept busy.
+        torch.set_num_threads(1)
         return _build(out, seed, vocab, hidden, layers, steps, num_seqs, prompt_len, completion_len, num_eval, log,
                       arch, t0)
     finally:

@@ -10,6 +10,13 @@ keys are the fields' names ("target_model", "use_soft_labels": true, ...). Flags
 on the command line override the JSON. Deterministic configuration problems raise ConfigError,
 which the CLI prints as ONE line and turns into exit code 78 (EX_CONFIG), the code the unit is
 told not to restart on.
+
+Who reads what: the orchestration modules (trainer.py's Trainer and run_rank, preflight.py,
+topology.py, planner.py, launch.py) read the whole parsed configuration, as one training script
+would. Every other module reads a view: a frozen dataclass declared next to its code with
+@settings_view, listing exactly the fields it reads under RunConfig's names and types
+(evaluate.EvalSettings, feed.FeedSettings, target.TargetSettings, vllm_target.VllmSettings); the
+caller builds it once with `view(cls, args)` and passes it on.
 """
 
 import argparse
@@ -259,6 +266,32 @@ class RunConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+# ---- views: the settings one module reads ----------------------------------------------------------
+
+VIEWS: list[type] = []  # every class declared with @settings_view (a test checks each against RunConfig)
+
+
+def settings_view(cls):
+    """Class decorator: `cls`, annotated with the RunConfig fields its module reads (same names, same
+    types), becomes a frozen dataclass, that module's view of the run configuration. A name that is
+    no RunConfig field is refused here, when the module is imported."""
+    cls = dataclass(frozen=True)(cls)
+    unknown = [f.name for f in dataclasses.fields(cls) if f.name not in FIELDS]
+    if unknown:
+        raise TypeError(f"settings view {cls.__module__}.{cls.__qualname__} names {', '.join(unknown)}, not "
+                        "RunConfig field(s): name its fields as RunConfig does, or add the setting to RunConfig")
+    VIEWS.append(cls)
+    return cls
+
+
+def view(cls, args):
+    """The view `cls` (a @settings_view class) of the parsed configuration `args`, or of a larger view
+    that holds its fields: built once by the caller and passed to the module that reads it."""
+    if cls not in VIEWS:
+        raise TypeError(f"{cls.__qualname__} is not a settings view: declare it with @config.settings_view")
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def flag(name: str) -> str:

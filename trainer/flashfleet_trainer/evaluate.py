@@ -59,6 +59,7 @@ from . import hybrid_cache
 from .attention import block_attention_inputs, layer_windows
 from .config import settings_view
 from .data import Blocks
+from .defaults import RANDOM_DRAFTER_LAYERS
 from .drafter import DFlashDrafter, DrafterConfig, default_mask_token_id, drafter_hidden
 from .loss import IGNORE
 from .sampling import GREEDY, Sampling, Stats, decode
@@ -404,7 +405,7 @@ def main(argv=None):
                    "OUT_DIR, or a published one: config.json + model.safetensors) instead of a checkpoint")
     p.add_argument("--random-drafter", action="store_true", help="evaluate an untrained drafter (the baseline)")
     add_setting(p, "block_size", use="with --random-drafter")
-    add_setting(p, "num_draft_layers", default=2, use="with --random-drafter")
+    add_setting(p, "num_draft_layers", default=RANDOM_DRAFTER_LAYERS, use="with --random-drafter")
     add_setting(p, "seed", use="here the random drafter's init and the sampling generator")
     p.add_argument("--prompts", default=None, nargs="+", metavar="JSONL", help="prompt set files: one JSON object "
                    "per line, {\"set\": NAME, \"input_ids\": [...]} or {\"set\": NAME, \"messages\": [...]} "

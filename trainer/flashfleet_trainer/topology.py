@@ -72,7 +72,7 @@ from .evaluate import EvalSettings
 from .feed import FeedSettings, QueueFeed, answer, wants_final_state
 from .metrics import Status
 from .notify import Notifier
-from .target import TargetSettings
+from .target import HiddenStateProducer, TargetSettings
 from .trainer import Rank, run_rank
 
 HEARTBEAT_S = 1.0
@@ -125,7 +125,6 @@ def load_target(index, name, device, target: TargetSettings, layer_ids, events):
     process is told, and, when the layers compile in the first micro-batch, why that one will be
     slow (its status line)."""
     from .compilation import compile_note
-    from .target import HiddenStateProducer
 
     producer = HiddenStateProducer.for_training(target, [device], layer_ids, device)
     events.put(("loaded", index))

@@ -336,7 +336,7 @@ def test_layer_ids_vllm_cannot_serve_are_refused(ckpt_copy, old_out, exported, t
     cfg["dflash_config"]["target_layer_ids"] = [2, 1]
     (theirs / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError) as e:
-        export.check_init_from(parse_args(trainer_argv(*DRAFTER, "--init-from", str(theirs))), None)
+        export.check_init_from(str(theirs), None)
     assert "not strictly ascending" in e.value.what and "--init-from" in e.value.what
 
 
@@ -541,7 +541,7 @@ def test_init_from_loads_the_exported_weights_before_the_first_step(exported, tr
 
     args = parse_args(trainer_argv(*DRAFTER, "--init-from", str(exported), "--resume", "never"))
     facts = preflight(args)
-    export.check_init_from(args, facts.drafter_config)  # the same drafter: no complaint
+    export.check_init_from(args.init_from, facts.drafter_config)  # the same drafter: no complaint
     trainer = Trainer(args, facts, Status.null(), log=lambda s: None)
     trainer.setup()
     try:
@@ -564,7 +564,7 @@ def test_init_from_mismatch_is_refused(exported, trainer_argv, tmp_path, capsys)
 
     args = parse_args(trainer_argv(*DRAFTER, "--init-from", str(exported)))
     dcfg = preflight(args).drafter_config
-    export.check_init_from(parse_args(trainer_argv(*DRAFTER)), dataclasses.replace(dcfg, block_size=99))  # no-op
+    export.check_init_from(None, dataclasses.replace(dcfg, block_size=99))  # no-op
     cases = [(dict(block_size=8), "block size 4 there, 8 here", "--block-size 4"),
              (dict(target_layer_ids=[1, 3]), "target_layer_ids [1, 2] there, [1, 3] here", "--target-layers 1,2"),
              (dict(num_hidden_layers=3, **({"layer_types": []} if hasattr(dcfg, "layer_types") else {})),
@@ -573,7 +573,7 @@ def test_init_from_mismatch_is_refused(exported, trainer_argv, tmp_path, capsys)
              (dict(vocab_size=256), "vocab 128 there, 256 here", "target")]
     for change, what, fix in cases:
         with pytest.raises(ConfigError) as e:
-            export.check_init_from(args, dataclasses.replace(dcfg, **change))
+            export.check_init_from(args.init_from, dataclasses.replace(dcfg, **change))
         assert what in e.value.what and fix in e.value.fix, (change, e.value.line())
     # a real start with a mismatch exits 78 with one line (the Trainer checks before loading)
     rc = train_main(trainer_argv(*DRAFTER, "--init-from", str(exported), "--block-size", "8", "--max-steps", "1",

@@ -26,15 +26,16 @@ import torch
 from flashfleet.contract import messages
 from flashfleet.contract.messages import EX_CONFIG
 from flashfleet_trainer.cli import main
-from flashfleet_trainer.config import parse_args
+from flashfleet_trainer.config import parse_args, view
 from flashfleet_trainer.data import load_data
-from flashfleet_trainer.feed import InProcessFeed, wants_final_state
+from flashfleet_trainer.feed import FeedSettings, InProcessFeed, wants_final_state
 from flashfleet_trainer.preflight import preflight
 from flashfleet_trainer.trainer import MicroBatches
 from flashfleet_trainer.vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
 from flashfleet_trainer.vllm_target import (
     TargetServerError,
     VllmFeed,
+    VllmSettings,
     check_hidden,
     read_hidden,
     serve_argv,
@@ -160,10 +161,10 @@ def servers(tiny, tmp_path_factory):
 def test_features_from_the_server_equal_the_in_process_targets(servers, argv):
     args = parse_args(argv("--use-soft-labels", "--target-servers", servers[0].url))
     facts = preflight(args)
-    assert wants_final_state(args)
+    assert wants_final_state(view(FeedSettings, args))
     ref_args = parse_args(argv("--use-soft-labels"))
-    ref = InProcessFeed(ref_args, preflight(ref_args), "cpu", lambda s: None)
-    feed = VllmFeed.for_training(args, facts, "cpu")
+    ref = InProcessFeed(view(FeedSettings, ref_args), preflight(ref_args), "cpu", lambda s: None)
+    feed = VllmFeed.for_training(view(VllmSettings, args), facts, "cpu")
     data = load_data(args.data_dir, args.max_seq_len, facts.vocab_size)
     batches = MicroBatches(data.lengths, args).epoch(0)[:3]
     ref.start(data, iter([]))

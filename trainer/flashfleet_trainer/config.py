@@ -10,6 +10,13 @@ keys are the fields' names ("target_model", "use_soft_labels": true, ...). Flags
 on the command line override the JSON. Deterministic configuration problems raise ConfigError,
 which the CLI prints as ONE line and turns into exit code 78 (EX_CONFIG), the code the unit is
 told not to restart on.
+
+Who reads what: the orchestration modules (trainer.py's Trainer and run_rank, preflight.py,
+topology.py, planner.py, launch.py) read the whole parsed configuration, as one training script
+would. Every other module reads a view: a frozen dataclass declared next to its code with
+@settings_view, listing exactly the fields it reads under RunConfig's names and types
+(evaluate.EvalSettings, feed.FeedSettings, target.TargetSettings, vllm_target.VllmSettings); the
+caller builds it once with `view(cls, args)` and passes it on.
 """
 
 import argparse
@@ -22,6 +29,7 @@ import sys
 import types
 from dataclasses import dataclass
 
+from .defaults import DECAY_GAMMAS, HYBRID_DRAFTER, MOE_MLP_PER_HIDDEN, RANDOM_DRAFTER_LAYERS, SPARE_MASK_ROWS
 from .errors import ConfigError
 
 # ---- the definition ------------------------------------------------------------------------------
@@ -37,6 +45,10 @@ def setting(default, doc: str, *, group: str, ge=None, gt=None, le=None, lt=None
 
 
 DROP = "drop it for the target's default"
+# Defaults that torch-importing modules apply, stated from their owner (defaults.py).
+HYBRID = "for a Qwen3.5/3.6 target"
+MASK_ROWS = ", ".join(f"{row} for the {vocab:,}-row {family} vocab" for family, (vocab, row) in SPARE_MASK_ROWS.items())
+GAMMAS = ", ".join(f"{g:g} for block >= {b}" for b, g in DECAY_GAMMAS[:-1]) + f", else {DECAY_GAMMAS[-1][1]:g}"
 EVAL = "evaluation (real acceptance length tau, greedy speculative decoding)"
 
 
@@ -139,15 +151,14 @@ class RunConfig:
     block_size: int = setting(16, "tokens per draft block (anchor + block-size-1 predictions)",
                               group="drafter", ge=2, example=16)
     num_draft_layers: int = setting(
-        5, "drafter decoder layers (dflash-eval --random-drafter: 2 unless given, since an untrained "
+        5, f"drafter decoder layers (dflash-eval --random-drafter: {RANDOM_DRAFTER_LAYERS} unless given, since an untrained "
         "drafter's tau does not grow with its depth and fewer layers evaluate faster)", group="drafter", ge=1)
     target_layers: str | None = setting(
         None, "comma-separated target decoder-layer indices whose OUTPUTS feed the drafter (0-based: layer "
         "i = HF hidden_states[i+1]); default: num-draft-layers spread evenly over 1..L-3", group="drafter")
     mask_token_id: int | None = setting(
         None, "embedding row used for masked block positions, a spare row of the target's vocabulary "
-        "(default: 151669 for the 151,936-row Qwen3 vocab, 248070 for the 248,320-row Qwen3.5/3.6 vocab, "
-        "else vocab_size-1)", group="drafter", ge=0, fix=DROP)
+        f"(default: {MASK_ROWS}, else vocab_size-1)", group="drafter", ge=0, fix=DROP)
     attn_impl: str = setting(
         "auto", "drafter attention: flex (torch flex_attention, compiled, computing only the score tiles "
         "the block mask allows), dense (SDPA with the full boolean mask, the reference), or auto (flex on "
@@ -163,19 +174,19 @@ class RunConfig:
         "(the published Qwen3.6-27B drafter)", group="drafter", metavar="LIST")
     sliding_window: int | None = setting(
         None, "sliding_attention layers: a query at position p sees keys k <= p with p-k < W, context and "
-        "block alike (causal in the block); default 2048 for a Qwen3.5/3.6 target", group="drafter", ge=1,
+        f"block alike (causal in the block); default {HYBRID_DRAFTER['sliding_window']} {HYBRID}", group="drafter", ge=1,
         metavar="W", fix=DROP)
     drafter_num_heads: int | None = setting(
-        None, "drafter query heads (default: the target's; 32 for a Qwen3.5/3.6 target)", group="drafter",
+        None, f"drafter query heads (default: the target's; {HYBRID_DRAFTER['num_attention_heads']} {HYBRID})", group="drafter",
         ge=1, fix=DROP)
     drafter_num_kv_heads: int | None = setting(
-        None, "drafter KV heads, dividing the query heads (default: the target's; 8 for a Qwen3.5/3.6 "
-        "target)", group="drafter", ge=1, fix=DROP)
+        None, f"drafter KV heads, dividing the query heads (default: the target's; "
+        f"{HYBRID_DRAFTER['num_key_value_heads']} {HYBRID})", group="drafter", ge=1, fix=DROP)
     drafter_head_dim: int | None = setting(
-        None, "drafter head dim (default: the target's; 128 for a Qwen3.5/3.6 target)", group="drafter",
+        None, f"drafter head dim (default: the target's; {HYBRID_DRAFTER['head_dim']} {HYBRID})", group="drafter",
         ge=1, fix=DROP)
     drafter_intermediate_size: int | None = setting(
-        None, "drafter MLP width (default: the target's intermediate_size, 3 x hidden for a MoE target)",
+        None, f"drafter MLP width (default: the target's intermediate_size, {MOE_MLP_PER_HIDDEN} x hidden for a MoE target)",
         group="drafter", ge=1, fix=DROP)
     allow_slow_linear_attention: bool = setting(
         False, "start a GPU run of a hybrid (Gated-DeltaNet) target even though transformers would run its "
@@ -191,8 +202,9 @@ class RunConfig:
         "streak", "per-block-position weights: streak (expected accepted tokens depending on the position), "
         "decay exp(-(k-1)/gamma), or uniform", group="loss", choices=("streak", "decay", "uniform"))
     streak_alpha: float = setting(0.5, "streak smoothing: q -> (1-alpha)*q + alpha", group="loss", ge=0, le=1)
-    decay_gamma: float | None = setting(None, "decay gamma (default 7 for block 16, 5 for 10, 4 for 8)",
-                                        group="loss", gt=0, fix="e.g. 7 for block 16, or drop it")
+    decay_gamma: float | None = setting(
+        None, f"decay gamma (default, DFlash's: {GAMMAS})", group="loss", gt=0,
+        fix=f"e.g. {DECAY_GAMMAS[0][1]:g} for block {DECAY_GAMMAS[0][0]}, or drop it")
     noise_start: float = setting(0.0, "hidden-state noise scale at step 0, relative to each token's RMS",
                                  group="loss", ge=0, note="0 = no noise", example=0.1)
     noise_end: float = setting(0.0, "noise scale at the last step (cosine anneal)", group="loss", ge=0,
@@ -259,6 +271,32 @@ class RunConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+# ---- views: the settings one module reads ----------------------------------------------------------
+
+VIEWS: list[type] = []  # every class declared with @settings_view (a test checks each against RunConfig)
+
+
+def settings_view(cls):
+    """Class decorator: `cls`, annotated with the RunConfig fields its module reads (same names, same
+    types), becomes a frozen dataclass, that module's view of the run configuration. A name that is
+    no RunConfig field is refused here, when the module is imported."""
+    cls = dataclass(frozen=True)(cls)
+    unknown = [f.name for f in dataclasses.fields(cls) if f.name not in FIELDS]
+    if unknown:
+        raise TypeError(f"settings view {cls.__module__}.{cls.__qualname__} names {', '.join(unknown)}, not "
+                        "RunConfig field(s): name its fields as RunConfig does, or add the setting to RunConfig")
+    VIEWS.append(cls)
+    return cls
+
+
+def view(cls, args):
+    """The view `cls` (a @settings_view class) of the parsed configuration `args`, or of a larger view
+    that holds its fields: built once by the caller and passed to the module that reads it."""
+    if cls not in VIEWS:
+        raise TypeError(f"{cls.__qualname__} is not a settings view: declare it with @config.settings_view")
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def flag(name: str) -> str:

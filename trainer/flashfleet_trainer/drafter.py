@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from .attention import SparseAttention, block_attention_inputs, flex_layouts, layer_windows, resolve_attn_impl
 from .compilation import raise_recompile_limit
+from .defaults import HYBRID_DRAFTER, MOE_MLP_PER_HIDDEN, SPARE_MASK_ROWS
 from .target import HYBRID_TEXT_TYPES, rope_theta_of, text_config_of
 
 try:  # Triton: CUDA installs; CPU-only ones keep the torch ops
@@ -31,20 +32,17 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     norm_rope_kernel = swiglu_kernel = takes_head_dim = None
 
 
-SPARE_MASK_ROWS = {151936: 151669, 248320: 248070}  # Qwen3; Qwen3.5/3.6 (the published drafters' ids)
+MASK_ROW_OF_VOCAB = dict(SPARE_MASK_ROWS.values())  # vocabulary rows -> the published drafters' mask row
 
 
 def default_mask_token_id(vocab_size: int) -> int:
-    """The published drafters' spare embedding row: 151669 of Qwen3's 151,936 rows, 248070 of
-    Qwen3.5/3.6's 248,320; else the last row."""
-    return SPARE_MASK_ROWS.get(vocab_size, vocab_size - 1)
+    """The published drafters' spare embedding row for the target's vocabulary
+    (defaults.SPARE_MASK_ROWS); else the last row."""
+    return MASK_ROW_OF_VOCAB.get(vocab_size, vocab_size - 1)
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 LAYER_TYPE_ALIASES = {"full": "full_attention", "sliding": "sliding_attention", "swa": "sliding_attention"}
-# The published DFlash drafter for Qwen3.6-27B (SpecForge configs/qwen3.6-27b-dflash.json, z-lab's
-# Qwen3.6-27B-DFlash): Qwen3 layers of 32 query / 8 KV heads of 128, sliding x (n-1) then full.
-HYBRID_DRAFTER = dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128, sliding_window=2048)
 
 
 def parse_layer_types(spec, n_layers: int) -> list[str]:
@@ -64,12 +62,13 @@ def parse_layer_types(spec, n_layers: int) -> list[str]:
 
 def drafter_defaults(tcfg, num_draft_layers: int) -> dict:
     """The drafter's shape for a target, before flags: a Qwen3 target's own attention shape and all
-    layers full; for a hybrid Qwen3.5/3.6 target the published drafter's (32/8 heads of 128,
-    sliding_attention x (n-1) then one full_attention, window 2048). MLP: the target's
-    intermediate_size (17,408 for the 27B, as published), 3 x hidden for a MoE target that has none."""
+    layers full; for a hybrid Qwen3.5/3.6 target the published drafter's (defaults.HYBRID_DRAFTER:
+    its heads and window, sliding_attention x (n-1) then one full_attention). MLP: the target's
+    intermediate_size (17,408 for the 27B, as published), defaults.MOE_MLP_PER_HIDDEN x hidden
+    for a MoE target that has none."""
     t = text_config_of(tcfg)
     h = t.hidden_size
-    inter = getattr(t, "intermediate_size", None) or 3 * h
+    inter = getattr(t, "intermediate_size", None) or MOE_MLP_PER_HIDDEN * h
     if getattr(t, "model_type", None) in HYBRID_TEXT_TYPES:
         types = ["sliding_attention"] * (num_draft_layers - 1) + ["full_attention"]
         return dict(HYBRID_DRAFTER, intermediate_size=inter, layer_types=types)

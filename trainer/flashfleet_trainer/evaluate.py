@@ -57,7 +57,9 @@ from flashfleet.contract import layout
 
 from . import hybrid_cache
 from .attention import block_attention_inputs, layer_windows
+from .config import settings_view
 from .data import Blocks
+from .defaults import RANDOM_DRAFTER_LAYERS
 from .drafter import DFlashDrafter, DrafterConfig, default_mask_token_id, drafter_hidden
 from .loss import IGNORE
 from .sampling import GREEDY, Sampling, Stats, decode
@@ -314,31 +316,43 @@ def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, m
 
 # ---- evaluation, wherever the replica is -----------------------------------------------------
 
-def eval_wanted(args, n) -> bool:
+@settings_view
+class EvalSettings:
+    """The run's settings an evaluation during training reads (Trainer.evaluate, worker_eval)."""
+
+    eval_prompts: str | None
+    data_dir: str | None
+    block_size: int
+    eval_max_new_tokens: int
+    eval_temperature: float
+    eval_interval_prompts: int
+    seed: int
+
+
+def eval_wanted(s: EvalSettings, n) -> bool:
     """Whether an evaluation of n prompts per set has prompts to run."""
-    return n > 0 and Path(run_prompts_path(args.eval_prompts, args.data_dir)).is_file()
+    return n > 0 and Path(run_prompts_path(s.eval_prompts, s.data_dir)).is_file()
 
 
-def evaluate_drafter(args, producer, drafter, n, kind) -> dict:
+def evaluate_drafter(s: EvalSettings, producer, drafter, n, kind) -> dict:
     """tau of `drafter` against the replica `producer` on the first n held-out prompts of each set:
     evaluate.speculative_tau's figures (without per_prompt), `eval` = kind and `eval_s`. Run by a
     drafter rank (trainer.Trainer.evaluate), or by a target worker for one (worker_eval)."""
     t0 = time.perf_counter()
-    sets = load_prompt_sets(run_prompts_path(args.eval_prompts, args.data_dir), n)
+    sets = load_prompt_sets(run_prompts_path(s.eval_prompts, s.data_dir), n)
     res = speculative_tau(producer, drafter, sets if len(sets) > 1 else next(iter(sets.values())),
-                          args.block_size, args.eval_max_new_tokens,
-                          sampling=Sampling(getattr(args, "eval_temperature", 0.0)), seed=args.seed)
+                          s.block_size, s.eval_max_new_tokens, sampling=Sampling(s.eval_temperature), seed=s.seed)
     res.pop("per_prompt")
     return {**res, "eval": kind, "eval_s": time.perf_counter() - t0}
 
 
-def worker_eval(args, producer, device, request) -> dict:
+def worker_eval(s: EvalSettings, producer, device, request) -> dict:
     """A target worker's side of feed.EvalRequest: the drafter rebuilt on the worker's device from
     the request's config and weights (copied off the sender's memory at once), evaluated on this
     worker's replica with the interval evaluation's prompts."""
     drafter = DFlashDrafter(DrafterConfig.from_dict(request.config)).to(device)
     drafter.load_state_dict(request.weights)
-    res = evaluate_drafter(args, producer, drafter, args.eval_interval_prompts, "interval")
+    res = evaluate_drafter(s, producer, drafter, s.eval_interval_prompts, "interval")
     del drafter
     return res
 
@@ -391,7 +405,7 @@ def main(argv=None):
                    "OUT_DIR, or a published one: config.json + model.safetensors) instead of a checkpoint")
     p.add_argument("--random-drafter", action="store_true", help="evaluate an untrained drafter (the baseline)")
     add_setting(p, "block_size", use="with --random-drafter")
-    add_setting(p, "num_draft_layers", default=2, use="with --random-drafter")
+    add_setting(p, "num_draft_layers", default=RANDOM_DRAFTER_LAYERS, use="with --random-drafter")
     add_setting(p, "seed", use="here the random drafter's init and the sampling generator")
     p.add_argument("--prompts", default=None, nargs="+", metavar="JSONL", help="prompt set files: one JSON object "
                    "per line, {\"set\": NAME, \"input_ids\": [...]} or {\"set\": NAME, \"messages\": [...]} "

@@ -334,12 +334,11 @@ INIT_FROM_KEYS = (("block_size", "block size", "--block-size"),
                   ("head_dim", "head_dim", None))
 
 
-def check_init_from(args, drafter_config) -> None:
-    """Refuse (ConfigError) an --init-from directory whose drafter is not the one this run builds:
-    block size, draft layers, target_layer_ids, mask id (fix: the flags that match it), hidden
-    size, vocab and the layer shapes (fix: its own target). Reads config.json and the safetensors
-    headers only. No-op without --init-from."""
-    path = getattr(args, "init_from", None)
+def check_init_from(path: str | None, drafter_config) -> None:
+    """Refuse (ConfigError) an --init-from directory (`path`) whose drafter is not the one this run
+    builds: block size, draft layers, target_layer_ids, mask id (fix: the flags that match it),
+    hidden size, vocab and the layer shapes (fix: its own target). Reads config.json and the
+    safetensors headers only. No-op without --init-from (path None)."""
     if not path:
         return
     theirs, _files = read_dflash_dir(path)

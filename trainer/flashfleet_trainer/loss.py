@@ -26,6 +26,8 @@ import math
 
 import torch
 
+from .defaults import DECAY_GAMMAS
+
 IGNORE = -100
 
 
@@ -53,12 +55,8 @@ def get_loss_fn(impl: str = "auto", teacher_fp8: bool = False):
 
 
 def default_gamma(block_size: int) -> float:
-    """DFlash's decay gammas: 7 for block 16, 5 for block 10, 4 for block 8 (linear in between)."""
-    if block_size >= 16:
-        return 7.0
-    if block_size >= 10:
-        return 5.0
-    return 4.0
+    """DFlash's decay gamma for a block size (defaults.DECAY_GAMMAS)."""
+    return next((g for b, g in DECAY_GAMMAS if block_size >= b), DECAY_GAMMAS[-1][1])
 
 
 def position_weights(kind: str, valid, ce=None, *, alpha: float = 0.5, gamma: float | None = None):

@@ -357,7 +357,7 @@ def memory_need(target_params, drafter_params, replica_devices, drafter_devices)
 
 def preflight_teacher_fp8(args, vocab: int, hidden: int, drafter_devices) -> str | None:
     """--teacher-fp8's needs, before anything is loaded: its summary line, or None when it is off."""
-    if not getattr(args, "teacher_fp8", False):
+    if not args.teacher_fp8:
         return None
     if not args.use_soft_labels or args.kl_weight == 0:
         why = "without --use-soft-labels" if not args.use_soft_labels else "with --kl-weight 0"
@@ -563,7 +563,7 @@ def preflight(args) -> StartFacts:
     files, rows = check_schema(args.data_dir)
     summary.append(f"data {args.data_dir}: {len(files)} Parquet file(s), {rows} rows, schema ok; "
                    + check_data_values(files, vocab))
-    eval_prompts = getattr(args, "eval_prompts", None)
+    eval_prompts = args.eval_prompts
     if eval_prompts and not Path(eval_prompts).is_file():
         raise ConfigError(f"--eval-prompts {eval_prompts}: no such file (evaluation would be skipped silently)",
                           "point it at a JSONL of {\"input_ids\": [...]} or drop it")
@@ -609,7 +609,7 @@ def preflight(args) -> StartFacts:
     summary.append(nccl_transport(args.nnodes, drafter_devices))
 
     linear = "" if servers or args.target_servers else \
-        check_linear_attention(text, target_devices, getattr(args, "allow_slow_linear_attention", False))
+        check_linear_attention(text, target_devices, args.allow_slow_linear_attention)
     if linear:
         summary.append(linear)
     dcfg = drafter_config(args, tcfg, layer_ids, mask_id)
@@ -618,10 +618,10 @@ def preflight(args) -> StartFacts:
                    if dcfg.sliding_window else "") + f"), hidden {dcfg.hidden_size}, {dcfg.num_attention_heads}/"
                    f"{dcfg.num_key_value_heads} heads of {dcfg.head_dim}, MLP {dcfg.intermediate_size}, block "
                    f"{dcfg.block_size}, rope theta {dcfg.rope_theta:g}")
-    if getattr(args, "init_from", None):
+    if args.init_from:
         from .export import check_init_from
 
-        check_init_from(args, dcfg)
+        check_init_from(args.init_from, dcfg)
         summary.append(f"init from {args.init_from}: the same drafter (config and tensor shapes match)")
     lines, found = check_checkpoints(args, dcfg, world)
     summary += lines
@@ -675,7 +675,7 @@ def preflight(args) -> StartFacts:
     fp8 = preflight_teacher_fp8(args, vocab, h, drafter_devices)
     if fp8:
         summary.append(fp8)
-    attn = getattr(args, "attn_impl", "auto")
+    attn = args.attn_impl
     if attn == "flex" and "cpu" in drafter_devices:
         raise ConfigError("--attn-impl flex on a CPU drafter: torch's flex_attention has no backward on CPU",
                           "use --attn-impl auto or dense with --drafter-gpus cpu")

@@ -36,11 +36,12 @@ from flashfleet.contract import metrics as contract
 from . import checkpoint as ckpt
 from . import wandb_compat
 from .attention import SparseAttention, flex_layouts, resolve_attn_impl
+from .config import view
 from .data import Blocks, build_blocks, load_data, pack_epoch, sample_anchors
 from .drafter import DFlashDrafter, DrafterConfig, drafter_hidden, gather_rows
 from .errors import ConfigError, NonFiniteLoss
-from .evaluate import eval_wanted, evaluate_drafter
-from .feed import Feed, InProcessFeed, wants_final_state
+from .evaluate import EvalSettings, eval_wanted, evaluate_drafter
+from .feed import Feed, FeedSettings, InProcessFeed, wants_final_state
 from .loadwatch import LoadWatch
 from .loss import IGNORE, acceptance_proxy, drafter_loss, get_loss_fn
 from .metrics import MetricsLog, Status, begin_run
@@ -48,7 +49,7 @@ from .notify import Notifier
 from .optim import adamw, clipped_step
 from .preflight import StartFacts
 from .target import HiddenStateProducer, load_frozen_io
-from .vllm_target import VllmFeed
+from .vllm_target import VllmFeed, VllmSettings
 
 # ---- schedules -----------------------------------------------------------------------------------
 
@@ -228,6 +229,8 @@ class Trainer:
         self.r = rank or Rank()
         self.dev = facts.drafter_devices[self.r.local_rank]
         self.dcfg = facts.drafter_config
+        self.eval_settings = view(EvalSettings, args)  # what evaluate.py reads
+        self.want_last = wants_final_state(view(FeedSettings, args))  # the loss reads the target's final state
         self.per_step = args.grad_accum * self.r.world  # micro-batches per optimizer step, all ranks together
         self.out = Path(args.output_dir)
         self.ckpt_root = self.out / layout.CHECKPOINTS
@@ -270,11 +273,11 @@ class Trainer:
         if self.dev.startswith("cuda"):
             torch.cuda.set_device(self.dev)
         if self.feed is None and a.target_servers:  # the target runs in vLLM (vllm_target)
-            self.feed = VllmFeed.for_training(a, p, self.dev, self.log)
+            self.feed = VllmFeed.for_training(view(VllmSettings, a), p, self.dev, self.log)
         elif self.feed is None:
             self.r.notifier.status("loading target")
             with LoadWatch(a.target_model, self.r.notifier, self.status):  # progress; start timeout extended
-                self.feed = InProcessFeed(a, p, self.dev, lambda s: (self.r.notifier.status(s), self.log(s)))
+                self.feed = InProcessFeed(view(FeedSettings, a), p, self.dev, lambda s: (self.r.notifier.status(s), self.log(s)))
             self.producer = self.feed.producer
         else:  # a queue feed (with --drafter-serves-target it holds this rank's own replica), or vLLM's
             self.producer = getattr(self.feed, "local", None)
@@ -292,12 +295,12 @@ class Trainer:
         torch.manual_seed(a.seed)  # the same initial drafter on every rank and in every topology
         self.drafter = DFlashDrafter(self.dcfg).to(self.dev)  # fp32 master weights
         self.opt = adamw(self.drafter.parameters(), a.lr, a.weight_decay, self.dev)
-        self.attn_impl = resolve_attn_impl(getattr(a, "attn_impl", "auto"), self.dev)
+        self.attn_impl = resolve_attn_impl(a.attn_impl, self.dev)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, a.warmup_ratio))
         self.loss_fn, self.loss_impl = get_loss_fn(a.loss_impl, teacher_fp8=a.teacher_fp8)
-        if self.resume() is None and getattr(a, "init_from", None):
+        if self.resume() is None and a.init_from:
             self.init_from(a.init_from)
-        elif getattr(a, "init_from", None):
+        elif a.init_from:
             self.log(f"--init-from {a.init_from} ignored: resumed from a checkpoint of this run")
         self.upcoming = self.stream.iterate(self.epoch, self.batch_index)
         self.ahead.clear()
@@ -353,7 +356,7 @@ class Trainer:
         no checkpoint was resumed); the same on every rank. A different drafter is a ConfigError."""
         from .export import check_init_from, load_dflash_dir
 
-        check_init_from(self.args, self.dcfg)
+        check_init_from(path, self.dcfg)
         _cfg, state = load_dflash_dir(path)
         self.drafter.load_state_dict(state)
         self.log(f"initialised the drafter from {path} ({len(state)} tensors)")
@@ -380,7 +383,7 @@ class Trainer:
         p = Prepared((epoch, index), gen, blocks)
         if self.attn_impl == "flex":
             p.layouts = flex_layouts(self.dcfg, blocks)
-        if wants_final_state(a):  # the lengths the feed will report: those of the sequences
+        if self.want_last:  # the lengths the feed will report: those of the sequences
             lengths = torch.tensor([len(x) for x in seqs])
             p.tpos = torch.minimum(blocks.teacher_pos, (lengths[blocks.seq] - 1)[:, None])
         return p.pin() if self.dev.startswith("cuda") else p
@@ -402,7 +405,7 @@ class Trainer:
             student = drafter_hidden(self.drafter, self.embed_weight, f.feats, blocks, noise, p.gen,
                                      attn_impl=self.attn_impl, layouts=p.layouts)
             teacher = None
-            if wants_final_state(a):
+            if self.want_last:
                 teacher = gather_rows(f.last, blocks.seq.to(self.dev, non_blocking=True)[:, None],
                                       p.tpos.to(self.dev, non_blocking=True))
             loss, st = drafter_loss(student, teacher, self.lm_head_weight,
@@ -583,11 +586,11 @@ class Trainer:
         evaluate.speculative_tau's figures plus `eval` (final | interval) and `eval_s`, or None."""
         a = self.args
         n = a.eval_num_prompts if num_prompts is None else num_prompts
-        if not eval_wanted(a, n):
+        if not eval_wanted(self.eval_settings, n):
             return None
         if self.producer is None:  # a drafter rank without a target of its own borrows one for evaluation
             self.producer = HiddenStateProducer(a.target_model, [self.dev], self.facts.layer_ids, self.dev)
-        return evaluate_drafter(a, self.producer, self.drafter, n, kind)
+        return evaluate_drafter(self.eval_settings, self.producer, self.drafter, n, kind)
 
     EVAL_BUDGET = 0.05  # interval evaluations may use at most this share of the training's wall time
     # Where target workers feed this rank (feed.QueueFeed without a replica of its own), an interval
@@ -609,7 +612,7 @@ class Trainer:
                      f"{self.eval_spent_s:.0f} s of {elapsed_s:.0f} s (budget {self.EVAL_BUDGET:.0%})")
             return
         a = self.args
-        if not eval_wanted(a, a.eval_interval_prompts):
+        if not eval_wanted(self.eval_settings, a.eval_interval_prompts):
             return
         if self.producer is None and hasattr(self.feed, "submit_eval"):
             if self.eval_pending is not None:

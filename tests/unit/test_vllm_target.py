@@ -33,6 +33,7 @@ from flashfleet_trainer.preflight import preflight
 from flashfleet_trainer.trainer import MicroBatches
 from flashfleet_trainer.vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
 from flashfleet_trainer.vllm_target import (
+    WAIT_LOG_S,
     TargetServerError,
     VllmFeed,
     VllmSettings,
@@ -278,17 +279,28 @@ def test_a_killed_server_ends_the_run_clearly_and_the_restart_resumes(servers, a
     st = json.loads((out / "status.json").read_text())
     assert st["phase"] == "failed" and st["last_error"].startswith(f"UnreachableServerError: vLLM target server {victim.url}")
     step_at_death = st["step"]
-    # The unit's restart comes while the server still reloads: the start waits for it, then resumes.
+    # The unit's restart comes while the server is still down: the start waits for it (and says so,
+    # every WAIT_LOG_S), and resumes once it is back. The server is started only after that line, so
+    # the check does not depend on which of the two starts faster.
     rerun = subprocess.Popen([*cmd, "--max-steps", str(step_at_death + 2)], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(rerun.stdout), daemon=True)
+    reader.start()
+    waiting = f"waiting for vLLM target server {victim.url} to answer"
     try:
+        deadline = time.monotonic() + 120 + WAIT_LOG_S
+        while not any(waiting in line for line in list(lines)):
+            assert rerun.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+            time.sleep(0.5)
         victim.start()  # back on the same port
-        out, _ = rerun.communicate(timeout=300)
+        rerun.wait(timeout=300)
+        reader.join(timeout=10)
     finally:
         if rerun.poll() is None:
             rerun.kill()
+    out = "".join(lines)
     assert rerun.returncode == 0, out
-    assert f"waiting for vLLM target server {victim.url} to answer" in out
     assert "resumed from" in out and f"completed at step {step_at_death + 2}" in out
 
 

@@ -17,17 +17,7 @@ pytestmark = pytest.mark.slow  # about 1.5 minutes on 2 cores
 
 
 @pytest.fixture(scope="module")
-def single_thread():
-    """The torch reference of the Gated-DeltaNet layers is a chain of small ops: on a shared 2-core
-    machine a second thread makes it several times slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tiny35(tmp_path_factory, single_thread):
+def tiny35(tmp_path_factory, one_torch_thread):
     from flashfleet_trainer.tiny import build
 
     out = tmp_path_factory.mktemp("tiny35")
@@ -45,7 +35,7 @@ def test_dflash_tiny_writes_the_wrapped_sharded_layout(tiny35):
     assert json.loads((tiny35 / "tiny.json").read_text())["arch"] == "qwen3_5"
 
 
-def test_a_drafter_trained_on_the_hybrid_target_is_accepted(tiny35, tmp_path, single_thread, capsys):
+def test_a_drafter_trained_on_the_hybrid_target_is_accepted(tiny35, tmp_path, one_torch_thread, capsys):
     out = tmp_path / "run"
     drafter = ["--num-draft-layers", "2", "--drafter-layer-types", "sliding,full", "--sliding-window", "8",
                "--drafter-num-heads", "4", "--drafter-num-kv-heads", "2", "--drafter-head-dim", "16"]

@@ -2,9 +2,8 @@
 # `make test`: every stage CI runs, stopping at the first failure, and a summary of where the time
 # went printed at the end either way (docs/benchmarks.md records one).
 #   Two lanes side by side, each its stages in order:
-#     lane 1: lint (the quickest to fail), pytest, then the cuda, vllm and staging scenarios (vllm
-#             after pytest: the suite's own vLLM servers are gone by then, so two engines never
-#             share RAM)
+#     lane 1: lint (the quickest to fail), pytest, then the vllm and staging scenarios (vllm after
+#             pytest: the suite's own vLLM servers are gone by then, so two engines never share RAM)
 #     lane 2: the other Molecule scenarios, kernel first (it leaves the built kernel's .debs in
 #             .cache/kernel-debs, which the driver scenario builds its module against)
 #   Why lanes: pytest runs one torch thread, and a scenario waits for much of its time (restart
@@ -19,8 +18,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-LANE1=(lint pytest "molecule cuda" "molecule vllm" "molecule staging")
-LANE2=("molecule kernel" "molecule driver" "molecule faults" "molecule cluster" "molecule launch")
+LANE1=(lint pytest "molecule vllm" "molecule staging")
+LANE2=("molecule kernel" "molecule driver" "molecule faults" "molecule cluster" "molecule launch"
+       "molecule cuda")
 
 # Every scenario directory must be in exactly one lane: a new scenario fails here, never skipped.
 check_lanes() {

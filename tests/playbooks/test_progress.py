@@ -1,6 +1,6 @@
 """Long steps say how they are doing: progress lines in the play's output while a slow step runs.
 
-A fake slow step (a shell loop writing a line to its log every 2 seconds for 24 seconds) runs as
+A fake slow step (a shell loop writing a line to its log every 2 seconds for 16 seconds) runs as
 an async job on this machine (local connection), and the kernel role's poll (roles/kernel/tasks/
 poll.yml, what the kernel build and the NVIDIA module build wait with) reports on it every second.
 The play's output must show several progress lines, with growing elapsed times and the log's
@@ -50,14 +50,14 @@ def _progress(runner) -> list[str]:
 
 
 def test_a_slow_step_reports_elapsed_time_and_its_log_while_it_runs(tmp_path, run_playbook):
-    r = _play(tmp_path, run_playbook, "for i in $(seq 1 12); do echo \"step $i of 12\" >> {log}; sleep 2; done")
+    r = _play(tmp_path, run_playbook, "for i in $(seq 1 8); do echo \"step $i of 8\" >> {log}; sleep 2; done")
     assert r.rc == 0, "\n".join(failure_messages(r))
     lines = _progress(r)
     assert len(lines) >= 2, lines  # each poll costs a few seconds of Ansible itself on a loaded machine
     elapsed = [int(m) * 60 + int(s) for m, s in (re.search(r"running, (\d+)m(\d+)s elapsed", x).groups() for x in lines)]
     assert elapsed == sorted(elapsed) and elapsed[-1] > elapsed[0], lines
     assert all(x.startswith("slow step: running, ") for x in lines)
-    assert any(re.search(r"; log: step \d+ of 12$", x) for x in lines), lines
+    assert any(re.search(r"; log: step \d+ of 8$", x) for x in lines), lines
     stdout = r.stdout.read()
     assert "slow step: running, 0m" in stdout  # in the play's own output, not only in events
 
@@ -93,11 +93,11 @@ for step in range(1, 9):
     with open({str(run_dir / 'status.tmp')!r}, "w") as f:
         json.dump({{"phase": phase, "step": step * 10}}, f)
     os.replace({str(run_dir / 'status.tmp')!r}, {str(run_dir / 'status.json')!r})
-    time.sleep(4)
+    time.sleep(2)
 """])
     try:
         r = run_playbook(role_play(tmp_path, "train_unit", "wait"), local_inventory(tmp_path), train_unit_run="v2", train_unit_runs_root=str(tmp_path / "runs"),
-                         train_unit_wait_poll_s=1, train_unit_wait_progress_s=3, train_unit_wait_timeout_s=120)
+                         train_unit_wait_poll_s=1, train_unit_wait_progress_s=2, train_unit_wait_timeout_s=120)
     finally:
         writer.wait(timeout=60)
     assert r.rc == 0, "\n".join(failure_messages(r))

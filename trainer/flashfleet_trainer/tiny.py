@@ -27,6 +27,7 @@ Everything is deterministic from --seed.
 import argparse
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -143,23 +144,30 @@ def write_train_data(data_dir: Path, rows: list[list[int]], prompt_len: int) -> 
     pq.write_table(table, data_dir / "train-00000.parquet")
 
 
+@contextmanager
+def one_thread():
+    """torch on one thread inside, its previous count restored after: for the tiny assets' builds.
+    Their ops are small: a second thread only adds synchronization, and when the machine's other
+    core is busy (a test suite beside the build) an OpenMP pool of two waits on a descheduled thread
+    at every op. Measured on 2 cores, the qwen3 assets: 33 s with 2 threads and 46 s with 1 on a
+    quiet machine, 330 s and 47 s with one core kept busy. One thread also makes the result the same
+    on every machine (one floating-point reduction order)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def build(out, seed=0, vocab=256, hidden=128, layers=4, steps=150, num_seqs=512, prompt_len=16,
           completion_len=80, num_eval=48, log=print, arch="qwen3"):
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r} is not one of {ARCHS}")
-    out = Path(out)
     t0 = time.time()
-    threads = torch.get_num_threads()
-    try:
-        # The tiny models' ops are small: a second thread only adds synchronization, and when the
-        # machine's other core is busy (a test suite beside this build) an OpenMP pool of two waits
-        # on a descheduled thread at every op. Measured on 2 cores, the qwen3 assets: 33 s with 2
-        # threads and 46 s with 1 on a quiet machine, 330 s and 47 s with one core kept busy.
-        torch.set_num_threads(1)
-        return _build(out, seed, vocab, hidden, layers, steps, num_seqs, prompt_len, completion_len, num_eval, log,
-                      arch, t0)
-    finally:
-        torch.set_num_threads(threads)
+    with one_thread():
+        return _build(Path(out), seed, vocab, hidden, layers, steps, num_seqs, prompt_len, completion_len, num_eval,
+                      log, arch, t0)
 
 
 def _build(out, seed, vocab, hidden, layers, steps, num_seqs, prompt_len, completion_len, num_eval, log, arch, t0):

@@ -141,18 +141,11 @@ def heldout_loss(model, corpus: Corpus, n=32, seq_len=256) -> float:
 
 def build(out, seed=0, hidden=128, layers=2, steps=400, batch=16, seq_len=128, num_seqs=384, prompt_len=32,
           completion_len=64, num_eval=48, eval_prompt_len=64, stdlib=None, log=log_line):
-    import torch
+    from .tiny import one_thread
 
-    # One thread: the result does not depend on the machine's core count (the same floating-point
-    # reduction order everywhere), and a model this small gains nothing from a second thread on a
-    # busy CPU (measured 8x slower with two on a shared 2-core machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():  # the same result on every machine, and faster beside a busy core
         return _build(Path(out), seed, hidden, layers, steps, batch, seq_len, num_seqs, prompt_len, completion_len,
                       num_eval, eval_prompt_len, stdlib, log)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _build(out, seed, hidden, layers, steps, batch, seq_len, num_seqs, prompt_len, completion_len, num_eval,

@@ -377,9 +377,11 @@ def probe(server: Server, want, vocab=None, hidden=None) -> float:
 
 def probe_until(server: Server, want, deadline, vocab=None, hidden=None, log=print) -> float:
     """probe(), retried while the server does not answer and the deadline (time.monotonic) is ahead,
-    with a line every WAIT_LOG_S: a server that restarts (a 27B target reloads for minutes) is
-    waited for instead of failing the trainer's start again and again into its unit's start limit."""
-    t0 = last = time.monotonic()
+    with a line at the first miss and then every WAIT_LOG_S: a server that restarts (a 27B target
+    reloads for minutes) is waited for instead of failing the trainer's start again and again into
+    its unit's start limit, and the journal says so from the start."""
+    t0 = time.monotonic()
+    last = None
     while True:
         try:
             return probe(server, want, vocab, hidden)
@@ -387,7 +389,7 @@ def probe_until(server: Server, want, deadline, vocab=None, hidden=None, log=pri
             now = time.monotonic()
             if now >= deadline:
                 raise
-            if now - last >= WAIT_LOG_S:
+            if last is None or now - last >= WAIT_LOG_S:
                 log(f"waiting for {TARGET_SERVER} {server.url} to answer ({now - t0:.0f} s)")
                 last = now
             time.sleep(min(2.0, max(0.0, deadline - now)))

@@ -13,7 +13,8 @@
 # Stop at the first failure: the failing lane stops there and the other lane is stopped at once
 # (its running stage is reported "stopped"; the next run of that scenario begins with its destroy
 # step, which removes any node containers left). Lane 2 prints live; lane 1's output is printed
-# whole when each of its stages ends.
+# whole when each of its stages ends. The summary ends with a failed stage's failure lines
+# (tests/failure_lines.py), so the reason is in the output's last lines, not only in its middle.
 # TEST_LANES=1 runs every stage one after another, lane 1's then lane 2's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,39 +40,43 @@ run_stage() {  # run_stage NAME: the stage's command
     lint) yamllint -s . && ruff check . && ansible-lint --profile production ;;
     pytest) pytest -q ;;
     # profile_tasks: each playbook run ends with its slowest tasks (Molecule's own ansible.cfg
-    # replaces the project's, which enables it)
-    "molecule "*) ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks molecule test -s "${1#molecule }" ;;
+    # replaces the project's, which enables it). NO_COLOR: plain lines, as CI gets them; in colour
+    # Molecule frames its output and wraps long lines, splitting a failed task's result.
+    "molecule "*) NO_COLOR=1 ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks molecule test -s "${1#molecule }" ;;
     *) echo "make test: unknown stage '$1'" >&2; return 2 ;;
   esac
 }
 
-RECORDS=$(mktemp -d)  # per lane: its finished stages ("name<TAB>seconds<TAB>result"), its running one
+RECORDS=$(mktemp -d)  # per lane: its finished stages ("name<TAB>seconds<TAB>result"), its running one,
+                      # its current stage's output (ID.log), its failed stage's name (ID.failed)
 trap 'summary; rm -rf "$RECORDS"' EXIT
 
-stage() {  # stage LANE NAME [LOG]: runs it and records it; LOG: write the output there, print it after
-  local lane=$1 name=$2 log=${3:-} t0=$SECONDS rc
+stage() {  # stage LANE LIVE NAME: runs it, its output into the lane's log (LIVE: printed as it comes,
+           # else printed whole when it ends), and records it; a failure keeps its log for the summary
+  local lane=$1 live=$2 name=$3 log=$RECORDS/$1.log t0=$SECONDS rc
   echo "=== $name (lane $lane, started $(date -u +%H:%M:%S))"
   printf '%s\t%d\n' "$name" "$t0" >"$RECORDS/$lane.running"
-  if [ -n "$log" ]; then
+  if [ "$live" = live ]; then
+    run_stage "$name" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+  else
     run_stage "$name" >"$log" 2>&1
     rc=$?
     echo "=== $name: its output"
     cat "$log"
-  else
-    run_stage "$name"
-    rc=$?
   fi
   rm -f "$RECORDS/$lane.running"
   printf '%s\t%d\t%s\n' "$name" $((SECONDS - t0)) "$([ "$rc" -eq 0 ] && echo ok || echo "FAILED (exit $rc)")" \
     >>"$RECORDS/$lane"
+  [ "$rc" -eq 0 ] || printf '%s\n' "$name" >"$RECORDS/$lane.failed"
   return "$rc"
 }
 
-lane() {  # lane ID LOG-OR-EMPTY STAGES...: the stages in order, stopping at the first failure
-  local id=$1 log=$2 name
+lane() {  # lane ID live|quiet STAGES...: the stages in order, stopping at the first failure
+  local id=$1 live=$2 name
   shift 2
   for name in "$@"; do
-    stage "$id" "$name" "$log" || exit  # with the stage's exit status
+    stage "$id" "$live" "$name" || exit  # with the stage's exit status
   done
 }
 
@@ -83,11 +88,18 @@ stop_lane() {  # stop_lane ID PID: stop a lane's whole process group; record its
     IFS=$'\t' read -r name t0 <"$RECORDS/$id.running"
     printf '%s\t%d\t%s\n' "$name" $((SECONDS - t0)) "stopped: the other lane failed" >>"$RECORDS/$id"
     echo "=== $name: stopped (the other lane failed)"
-    if [ "$id" = 1 ]; then echo "=== $name: its output so far (last 200 lines)"; tail -n 200 "$RECORDS/lane1.log"; fi
+    if [ "$id" = 1 ]; then echo "=== $name: its output so far (last 200 lines)"; tail -n 200 "$RECORDS/1.log"; fi
   fi
 }
 
 summary() {
+  local failed
+  for failed in "$RECORDS"/*.failed; do  # why it failed, here at the end where CI's excerpt shows it
+    [ -f "$failed" ] || continue
+    echo
+    echo "make test: why '$(cat "$failed")' failed (its failure lines; its whole output is above)"
+    python3 tests/failure_lines.py "${failed%.failed}.log" | sed 's/^/  /'
+  done
   echo
   echo "make test: time per stage"
   local id name secs result total=0
@@ -106,16 +118,16 @@ summary() {
 check_lanes
 
 if [ "${TEST_LANES:-2}" = 1 ]; then
-  lane serial "" "${LANE1[@]}" "${LANE2[@]}"
+  lane serial live "${LANE1[@]}" "${LANE2[@]}"
   exit
 fi
 
 # Each lane in its own process group (job control), so stopping a lane stops its Molecule, Ansible
 # and pytest children too.
 set -m
-lane 1 "$RECORDS/lane1.log" "${LANE1[@]}" &
+lane 1 quiet "${LANE1[@]}" &
 pid1=$!
-lane 2 "" "${LANE2[@]}" &
+lane 2 live "${LANE2[@]}" &
 pid2=$!
 set +m
 

@@ -2,9 +2,10 @@
 failed, for the end of the output, where CI's excerpt of a long log still shows them.
 
 - Ansible (Molecule's plays): for each play whose recap counts a host `failed`, that host's last
-  failure in the play: its task, Ansible's `[ERROR]` line and its `fatal:` result. Earlier failures
-  are the ones a task expects (a rescue, a check that a refusal happens); a real failure ends the
-  host's play, so it is the last. Failures a task ignores (`...ignoring`) and retries do not count.
+  failure in the play: its task, Ansible's `[ERROR]` message and its `fatal:` result (a line of
+  JSON, or YAML's indented lines). Earlier failures are the ones a task expects (a rescue, a check
+  that a refusal happens); a real failure ends the host's play, so it is the last. Failures a task
+  ignores (`...ignoring`) and retries do not count.
 - pytest: its short summary's `FAILED` and `ERROR` lines.
 Nothing of these (a lint stage, a crash): the log's last lines.
 """
@@ -35,6 +36,9 @@ def failure_lines(lines: list[str]) -> list[str]:
     for raw in lines:
         line = clean(raw)
         if pending is not None:
+            if line[:1].isspace() and len(pending[1]) < MAX_LINES:  # a result in YAML, line by line
+                pending[1].append(line[:LINE_CHARS])
+                continue
             if not line.startswith("...ignoring"):
                 last[pending[0]] = pending[1]
             pending = None

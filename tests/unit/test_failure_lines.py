@@ -77,3 +77,12 @@ def test_pytest_gives_its_summary_lines_not_retries():
 def test_a_log_without_failure_lines_gives_its_tail():
     log = [f"roles/x/tasks/main.yml:{i}: yaml[line-length]\n" for i in range(50)]
     assert failure_lines(log) == [line.rstrip() for line in log[-30:]]
+
+
+def test_a_result_in_yaml_comes_whole():
+    log = PLAY.replace(
+        'fatal: [node-a]: FAILED! => {"attempts": 3, "changed": false, "stdout": "NRestarts=2"}',
+        "fatal: [node-a]: FAILED! =>\n    attempts: 3\n    changed: false\n    stdout: NRestarts=2",
+    )
+    assert failure_lines(log.splitlines(keepends=True))[-4:] == [
+        "fatal: [node-a]: FAILED! =>", "    attempts: 3", "    changed: false", "    stdout: NRestarts=2"]

@@ -28,6 +28,13 @@ options:
     description: Seconds the job has run so far (computed on the controller, whose clock began it).
     type: float
     required: true
+  read:
+    description: A command run after the wait, its output returned as C(stdout) (what the poll
+      reports: a log's last line, a unit's state), so one look is one task. Its failure is not the
+      module's; C(rc) says it.
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -36,6 +43,7 @@ EXAMPLES = r"""
     results_file: "{{ kernel_poll_job.results_file }}"
     interval: "{{ kernel_poll_delay_s }}"
     elapsed: "{{ now().timestamp() - kernel_poll_started | float }}"
+    read: [tail, -n, 1, "{{ kernel_poll_log }}"]
 """
 
 RETURN = r"""
@@ -47,6 +55,14 @@ finished:
   description: Whether the job had ended when the wait ended.
   type: bool
   returned: always
+stdout:
+  description: The output of I(read), empty without one.
+  type: str
+  returned: always
+rc:
+  description: The exit status of I(read), 0 without one.
+  type: int
+  returned: always
 """
 
 
@@ -56,12 +72,14 @@ def main() -> None:
             "results_file": {"type": "str", "default": ""},
             "interval": {"type": "float", "required": True},
             "elapsed": {"type": "float", "required": True},
+            "read": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
     p = module.params
     waited = wait(p["results_file"], wait_seconds(p["interval"], p["elapsed"]))
-    module.exit_json(changed=False, waited=waited,
+    rc, out = module.run_command(p["read"])[:2] if p["read"] else (0, "")
+    module.exit_json(changed=False, waited=waited, rc=rc, stdout=out,
                      finished=bool(p["results_file"]) and job_finished(p["results_file"]))
 
 

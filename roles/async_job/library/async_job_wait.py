@@ -5,7 +5,7 @@ module_utils/flashfleet/jobwait.py, shipped to the host with the module)."""
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.flashfleet.jobwait import job_finished, wait, wait_seconds
+from ansible.module_utils.flashfleet.jobwait import wait, wait_seconds
 
 DOCUMENTATION = r"""
 module: async_job_wait
@@ -51,10 +51,6 @@ waited:
   description: Seconds waited.
   type: int
   returned: always
-finished:
-  description: Whether the job had ended when the wait ended.
-  type: bool
-  returned: always
 stdout:
   description: The output of I(read), empty without one.
   type: str
@@ -79,8 +75,7 @@ def main() -> None:
     p = module.params
     waited = wait(p["results_file"], wait_seconds(p["interval"], p["elapsed"]))
     rc, out = module.run_command(p["read"])[:2] if p["read"] else (0, "")
-    module.exit_json(changed=False, waited=waited, rc=rc, stdout=out,
-                     finished=bool(p["results_file"]) and job_finished(p["results_file"]))
+    module.exit_json(changed=False, waited=waited, rc=rc, stdout=out)
 
 
 if __name__ == "__main__":

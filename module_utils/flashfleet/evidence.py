@@ -294,8 +294,10 @@ def free_space(path):
         st = os.statvfs(probe)
     except OSError as exc:
         return {"path": path, "error": str(exc)}
+    # inodes too: ENOSPC with space free is a filesystem out of inodes (f_files is 0 where a
+    # filesystem has no fixed inode table, btrfs say: then nothing is said of them)
     return {"path": path, "measured_at": probe, "free_bytes": st.f_bavail * st.f_frsize,
-            "total_bytes": st.f_blocks * st.f_frsize}
+            "total_bytes": st.f_blocks * st.f_frsize, "free_inodes": st.f_favail, "total_inodes": st.f_files}
 
 
 def disk_state(output_dir, shm):

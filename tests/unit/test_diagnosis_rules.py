@@ -16,6 +16,7 @@ from flashfleet.classify.output import hint_action
 from tests.conftest import ROOT
 from tests.fixtures.evidence import captures
 from tests.fixtures.evidence import captures_generalization as gen
+from tests.fixtures.evidence import captures_open_world as open_world
 
 FIXTURES = ROOT / "tests" / "fixtures" / "evidence"
 DOCS = ROOT / "docs" / "diagnosis.md"
@@ -24,12 +25,14 @@ BY_NAME = {rule.__name__: rule for rule in rules.RULES}
 
 def evidence(name: str) -> dict:
     """A fixture by name: a file under tests/fixtures/evidence, or `captures:<id>` /
-    `generalization:<id>` built from the labelled public captures."""
+    `generalization:<id>` / `open-world:<id>` built from the labelled public captures."""
     kind, _, ident = name.partition(":")
     if kind == "captures":
         return captures.build(next(c for c in captures.CAPTURES if c["id"] == ident))
     if kind == "generalization":
         return gen.build(next(c for c in gen.GENERALIZATION if c["id"] == ident))
+    if kind == "open-world":
+        return captures.build(next(c for c in open_world.OPEN_WORLD if c["id"] == ident))
     return json.loads((FIXTURES / name).read_text())
 
 
@@ -49,6 +52,7 @@ CASES = [
     ("clean_exit", "recorded/killed-by-signal-outside-sighup.json", "killed-by-signal", "handbuilt/crash.json"),
     ("hardware_xid", "handbuilt/gpu-xid-79.json", "gpu-xid-79", "handbuilt/crash-app-xid-13.json"),
     ("hardware_xid", "captures:xid-48-then-63", "gpu-xid-48", "handbuilt/crash.json"),
+    ("kernel_family", "handbuilt/host-hardware-error.json", "host-hardware-error", "handbuilt/crash.json"),
     ("kernel_oom_kill", "recorded/cgroup-oom-kill-container-limit.json", "cgroup-oom-kill",
      "recorded/killed-by-signal-sigkill.json"),
     ("kernel_oom_kill", "handbuilt/host-oom-kill.json", "host-oom-kill", "handbuilt/killed-by-signal-other-oom.json"),
@@ -72,6 +76,7 @@ CASES = [
     ("native_crash", "captures:segfault-in-libcuda", "native-crash", "handbuilt/nccl-error.json"),
     ("config_error", "handbuilt/init-crash-config.json", "crash", "handbuilt/crash.json"),
     ("nonfinite_loss", "handbuilt/nonfinite-loss.json", "nonfinite-loss", "handbuilt/init-crash-config.json"),
+    ("layer_catalogue", "open-world:estale-log-write", "filesystem-error", "handbuilt/crash.json"),
     ("outside_signal", "recorded/killed-by-signal-sigkill.json", "killed-by-signal", "handbuilt/crash.json"),
     ("outside_signal", "recorded/killed-by-signal-transient-unit.json", "killed-by-signal", "handbuilt/native-crash.json"),
     ("crash", "handbuilt/crash.json", "crash", "handbuilt/stopped.json"),

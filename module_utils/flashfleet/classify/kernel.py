@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from . import catalogues
 from .journal import fmt_time, message, realtime
 from .signatures import (
     HOST_SIGNATURES,
@@ -37,7 +38,8 @@ def kernel_scan(evidence: dict, start: float | None, end: float | None) -> dict:
     """Everything of interest in the kernel log inside [start, end] (bounds widened a little): OOM
     kills, every Xid (in order), the other host findings (`nvrm`: NVRM's API mismatch, an adapter that
     did not initialise; KERNEL_SIGNATURES: a failing filesystem, a PCIe AER failure) and user-space
-    crash lines (segfault, trap) naming the faulting library."""
+    crash lines (segfault, trap) naming the faulting library, and the kernel catalogue's families
+    (`families`: machine checks, hung tasks, lockups, NFS, the kernel's own faults)."""
     kernel = evidence.get("kernel") or {}
     lo = start - KERNEL_BEFORE_START_S if start is not None else None
     hi = end + KERNEL_AFTER_EXIT_S if end is not None else None
@@ -94,7 +96,16 @@ def kernel_scan(evidence: dict, start: float | None, end: float | None) -> dict:
                 nvrm.append({"kind": kind, "action": action, "ts": ts, "line": kline(ts, text), "what": what,
                              "source": "kernel", "text": text.strip()})
                 break
-    return {"ooms": list(ooms.values()), "xids": xids, "nvrm": nvrm, "faults": faults}
+    # the kernel's other families (catalogues/kernel.py): machine checks, hung tasks, lockups, NFS, Oops
+    families = []
+    for ts, text in texts:
+        entry = catalogues.lookup(text, "kernel")
+        if entry is not None and entry.layer == "kernel":
+            families.append({"entry": entry, "ts": ts, "line": kline(ts, text), "text": text.strip()})
+            if entry.verdict == "filesystem-error" and not any(h["text"] == text.strip() for h in nvrm):
+                nvrm.append({"kind": entry.verdict, "action": entry.action, "ts": ts, "line": kline(ts, text),
+                             "what": entry.meaning, "source": "kernel", "text": text.strip()})
+    return {"ooms": list(ooms.values()), "xids": xids, "nvrm": nvrm, "faults": faults, "families": families}
 
 
 def _xid(m: re.Match, ts: float | None, text: str) -> dict:

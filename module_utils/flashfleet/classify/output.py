@@ -86,16 +86,24 @@ def exception_block(app) -> dict | None:
         return None
     i, head = found
     ts0 = app[i][0]
-    cont = []
-    for j in range(i + 1, min(n, i + 10)):
+    # Its message goes on until a new log record, a pause, or two blank lines: a library's message can
+    # hold one blank line between its explanation and its fix (transformers', huggingface_hub's).
+    cont, blanks = [], 0
+    for j in range(i + 1, min(n, i + 24)):
         ts, raw = app[j]
         body = strip_prefix(raw)
-        if not body.strip() or RE_LOG_RECORD.match(body.strip()) or RE_TERMINATE.search(body):
+        if not body.strip():
+            blanks += 1
+            if blanks == 2:
+                break
+            continue
+        blanks = 0
+        if RE_LOG_RECORD.match(body.strip()) or RE_TERMINATE.search(body):
             break
         if ts is not None and ts0 is not None and ts - ts0 > 2.0:
             break
         cont.append((j, body.rstrip()))
-        if sum(len(c) for _, c in cont) > 800:
+        if sum(len(c) for _, c in cont) > 1600:
             break
     name = RE_EXCEPTION.match(head)
     lines = ([jline(app[last_tb][0], app[last_tb][1])] if last_tb is not None else []) + [jline(ts0, app[i][1])]

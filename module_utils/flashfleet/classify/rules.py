@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from ..contract import messages
+from . import catalogues
 from .disk import nearly_full, size
 from .finding import Finding, dedupe
 from .gpu import gpu_findings
@@ -44,6 +45,7 @@ from .signatures import (
     CRASH_SIGNALS,
     EXEC_STEP_ACTIONS,
     GPU_ACTION_ORDER,
+    NEARLY_FULL_FRACTION,
     NEXT_OUTSIDE_CLEAN_EXIT,
     OOM_TIME_TIE_S,
     RE_CUDA_OOM,
@@ -52,10 +54,12 @@ from .signatures import (
     RE_GPUISH,
     RE_NCCL_ERROR,
     RE_SHM_FULL,
+    RE_SPECIFIC,
     RE_TORCH_SHORT_WRITE,
     RESTARTS_ON_CLEAN_EXIT,
     SIGNAL_NAMES,
     SYSTEMD_EXIT_STEPS,
+    VERDICTS,
     XID_CATALOG,
     XID_HARDWARE,
 )
@@ -130,6 +134,45 @@ class Death:
     def host_note(self) -> str:
         h = self.host
         return f"; also on this host: {h[0]['kind']} ({h[0]['source']}: {h[0]['text'][:160]})" if h else ""
+
+    # the kernel catalogue's families in the window (catalogues/kernel.py)
+    @cached_property
+    def families(self) -> list[dict]:
+        return self.scan.get("families") or []
+
+    @cached_property
+    def kernel_note(self) -> str:
+        """The kernel's line that locates a death without proving its cause (a hung task, a lockup)."""
+        stalls = [f for f in self.families if f["entry"].verdict == "crash"]
+        return (f"; the kernel reported: {stalls[0]['text'][:200]} ({stalls[0]['entry'].meaning})" if stalls else "")
+
+    @cached_property
+    def catalogued(self) -> tuple | None:
+        """(entry, line) of the layers' catalogues that the trainer's failure names: searched in the
+        last exception's lines, else the trainer's own error line, else its most specific lines."""
+        if self.exc:
+            candidates = [self.exc["text"]]
+        else:
+            said = grep(self.app, messages.ERROR_RE)
+            candidates = [said[1]] if said else [line for _, line in reversed(specific_lines(self.app))]
+        for text in candidates:
+            entry = catalogues.lookup(strip_prefix(text))
+            if entry is not None:
+                return entry, text
+        return None
+
+    @cached_property
+    def signal_entry(self):
+        """The signal catalogue's entry of the signal that ended the invocation, if one did."""
+        if not (self.killed and self.sig is not None):
+            return None
+        return next((e for e in catalogues.CATALOGUES["signals"] if e.number == self.sig), None)
+
+    @cached_property
+    def memory_max(self) -> str | None:
+        """The unit's MemoryMax= when it sets one (systemd shows `infinity` when it does not)."""
+        limit = str(self.props.get("MemoryMax") or "").strip()
+        return limit if limit and limit != "infinity" else None
 
     # the disk the run writes to
     @cached_property
@@ -258,6 +301,19 @@ def hardware_xid(d: Death) -> Finding | None:
     return _xids_root(d.xids, d.exit_desc, d.base)
 
 
+def kernel_family(d: Death) -> Finding | None:
+    """The machine itself failed in the window (catalogues/kernel.py): an uncorrected machine check,
+    poisoned memory, an out-of-memory panic with nothing left to kill. Like a hardware Xid, it
+    outranks what it caused."""
+    hits = [f for f in d.families if f["entry"].verdict in ("host-hardware-error", "host-oom-kill")]
+    if not hits:
+        return None
+    first = hits[0]
+    return Finding(first["entry"].verdict, f"{first['entry'].meaning}: {first['text'][:240]} (the run then ended "
+                   f"with {d.exit_desc})", d.base + dedupe([f["line"] for f in hits], 6), action=first["entry"].action,
+                   kernel_family=first["entry"].name)
+
+
 def kernel_oom_kill(d: Death) -> Finding | None:
     """A kernel OOM kill tied to the run: by its cgroup, its pid, or (containers) by time."""
     facts, sig = d.facts, d.sig
@@ -288,13 +344,24 @@ def kernel_oom_kill(d: Death) -> Finding | None:
 
 def systemd_oom_kill(d: Death) -> Finding | None:
     """systemd reports an OOM kill (Result=oom-kill) without a kernel line tied to the run."""
-    if not (d.facts["result"] == "oom-kill" or d.inv.oom_line):
+    oomd = next(((realtime(e), message(e)) for e in d.inv.entries
+                 if catalogues.systemd.OOMD.pattern.search(message(e))), None)
+    if not (d.facts["result"] == "oom-kill" or d.inv.oom_line or oomd):
         return None
     proof = d.base + ([jline(None, d.inv.oom_line)] if d.inv.oom_line else [])
-    limit = d.props.get("MemoryMax", "")
+    unknown = "" if d.kernel_readable else "; kernel log unreadable, whether the host or a limit ran out is not known"
+    if oomd:  # systemd-oomd acts on pressure and swap, not on a MemoryMax= limit
+        return Finding("cgroup-oom-kill", f"{catalogues.systemd.OOMD.meaning} ({strip_prefix(oomd[1]).strip()})",
+                       proof + [jline(*oomd)], "lower the run's memory use (DataLoader workers, prefetch, batch), or "
+                       "raise the slice's ManagedOOMMemoryPressureLimit= / give the host more memory; then train.yml")
+    if d.memory_max is None:  # no limit on the unit: a limit above it (a container's, a slice's) or the host
+        return Finding("cgroup-oom-kill", f"systemd reports an OOM kill in the unit's cgroup (Result=oom-kill) and the "
+                       f"unit sets no MemoryMax= ({d.props.get('MemoryMax') or 'not recorded'}): the limit that ran out "
+                       f"is above the unit (its slice's, the container's) or the host's memory{unknown}", proof,
+                       "lower the run's memory use (DataLoader workers, prefetch, batch), or raise the limit of the "
+                       "slice or container the unit runs in; then train.yml")
     return Finding("cgroup-oom-kill",
-                   f"systemd reports an OOM kill in the unit's cgroup (Result=oom-kill, MemoryMax={limit or '?'})"
-                   + ("" if d.kernel_readable else "; kernel log unreadable, whether the host or the limit ran out is not known"),
+                   f"systemd reports an OOM kill in the unit's cgroup (Result=oom-kill, MemoryMax={d.memory_max}){unknown}",
                    proof)
 
 
@@ -306,7 +373,13 @@ def exec_failed(d: Death) -> Finding | None:
         if m:
             step_hit = (ts, line, m)
     if not (step_hit or (d.code == "exited" and d.sig in SYSTEMD_EXIT_STEPS)):
-        return None
+        never_ran = catalogues.lookup(f"Failed with result '{d.facts['result']}'.", "systemd", {"exec-failed"})
+        if never_ran is None:
+            return None
+        said = [(realtime(e), message(e)) for e in d.inv.entries if is_manager_entry(e)
+                and RE_SPECIFIC.search(message(e)) and "Failed with result" not in message(e)]
+        return Finding("exec-failed", f"{never_ran.meaning}" + (f": {said[-1][1].strip()[:240]}" if said else "")
+                       + f" ({d.exit_desc})", d.base + [jline(*x) for x in said[-2:]], action=never_ran.action)
     step = step_hit[2].group("step") if step_hit else (d.facts.get("name") or SYSTEMD_EXIT_STEPS.get(d.sig))
     detail = (f" spawning {step_hit[2].group('path')}: {step_hit[2].group('error').strip()}" if step_hit else "")
     return Finding("exec-failed", f"systemd could not start the trainer: step {step} failed{detail} ({d.exit_desc})",
@@ -325,8 +398,10 @@ def start_timeout(d: Death) -> Finding | None:
     last = next((line.strip() for _, line in reversed(app) if line.strip()), None)
     return Finding("start-timeout",
                    f"READY=1 did not come within TimeoutStartSec{f' ({limit})' if limit else ''}: systemd stopped the "
-                   f"start{took} ({d.exit_desc})" + (f"; last output: {last[:160]}" if last else "; no output from the trainer"),
+                   f"start{took} ({d.exit_desc})" + (f"; last output: {last[:160]}" if last else "; no output from the trainer")
+                   + d.kernel_note,
                    d.base + ([jline(None, inv.start_timeout_line)] if inv.start_timeout_line else [])
+                   + [f["line"] for f in d.families if f["entry"].verdict == "crash"][:2]
                    + [jline(ts, line) for ts, line in app[-2:] if line.strip()])
 
 
@@ -364,6 +439,19 @@ def disk_full(d: Death) -> Finding | None:
     hit = grep(d.app, r"No space left on device|\[Errno 28\]")
     if not hit:
         return None
+    disk = d.disk
+    if disk.get("free_bytes") is not None and not nearly_full(disk):
+        inodes, total = disk.get("free_inodes"), disk.get("total_inodes")
+        if total and inodes is not None and inodes < NEARLY_FULL_FRACTION * total:
+            return Finding("disk-full", f"No space left on device{d.saving}: out of inodes ({inodes} of {total} "
+                           f"free), not of space{d.free}", d.base + [jline(*hit)],
+                           "the filesystem has space but no free inodes: remove many small files (old caches, "
+                           "extracted shards) or move the run to a filesystem with more inodes; then restart")
+        return Finding("disk-full", f"No space left on device{d.saving}, yet the run's filesystem is not full now"
+                       f"{d.free}: the write that failed was on another filesystem (the path in the line: a "
+                       f"temporary or cache directory, /dev/shm) or space was freed since",
+                       d.base + [jline(*hit)], "find the filesystem of the path the error names (df -h PATH, "
+                       "df -i PATH) and free it; then restart")
     return Finding("disk-full", f"No space left on device{d.saving}{d.free}", d.base + [jline(*hit)])
 
 
@@ -405,8 +493,11 @@ def watchdog_hang(d: Death) -> Finding | None:
         return None
     proof = d.base + ([jline(None, inv.watchdog_line)] if inv.watchdog_line else [])
     tail = [jline(ts, line) for ts, line in app[-3:]]
+    stalls = [f for f in d.families if f["entry"].extra.get("hang")]
     return Finding("watchdog-hang", "no WATCHDOG=1 within WatchdogSec: systemd killed the hung trainer"
-                   + (f" (last output: {app[-1][1].strip()[:120]})" if app else ""), proof + tail)
+                   + (f" (last output: {app[-1][1].strip()[:120]})" if app else "") + d.kernel_note,
+                   proof + [f["line"] for f in stalls[:2]] + tail,
+                   action=stalls[0]["entry"].extra["hang"] if stalls else None)
 
 
 def host_finding(d: Death) -> Finding | None:
@@ -488,16 +579,35 @@ def nonfinite_loss(d: Death) -> Finding | None:
                    "the last good one", action="fix-config")
 
 
+def layer_catalogue(d: Death) -> Finding | None:
+    """The trainer's failure names an entry of a layer's own catalogue (errno, CUDA, NCCL, HTTP, ...)
+    that proves a verdict of its own; entries that only explain a crash are the crash rule's."""
+    if d.catalogued is None:
+        return None
+    entry, text = d.catalogued
+    if entry.verdict in ("crash", "killed-by-signal") or entry.verdict not in VERDICTS and not entry.verdict.startswith("gpu-xid-"):
+        return None
+    lines = d.exc["lines"] if d.exc else [jline(ts, line) for ts, line in d.app if line == text][-1:]
+    return Finding(entry.verdict, f"{entry.said} (the output: {strip_prefix(text).strip()[:400]}; "
+                   f"{d.exit_desc}){d.host_note}", d.base + lines, action=entry.action, catalogue=entry.layer)
+
+
 def outside_signal(d: Death) -> Finding | None:
     """A signal that is not a crash, without a traceback: a stop through systemd, or someone outside
     the run (and what systemd's Restart= then does)."""
     sig, base = d.sig, d.base
-    if not (d.killed and sig is not None and sig not in CRASH_SIGNALS and not d.exc):
+    # Python's KeyboardInterrupt traceback is SIGINT's own doing, not a crash that preceded it
+    interrupted = d.exc is not None and d.exc["name"].endswith("KeyboardInterrupt")
+    if not (d.killed and sig is not None and sig not in CRASH_SIGNALS and (not d.exc or interrupted)):
         return None
     if d.inv.stopping:
         return Finding("stopped", f"stopped through systemd, ended by {d.exit_desc}",
                        base + [jline(None, d.inv.stopping_line)])
-    reason = f"killed by {d.exit_desc} from outside the run"
+    entry = d.signal_entry
+    reason = f"killed by {d.exit_desc} from outside the run" + (f" ({entry.name})" if entry else "")
+    if entry is not None and entry.action == "fix-config":  # a limit of the unit's own (LimitCPU=, LimitFSIZE=)
+        return Finding("killed-by-signal", f"{reason}: {entry.meaning}{d.host_note}", base, action=entry.action,
+                       signal=sig)
     if sig == 9:
         if not d.kernel_readable:
             reason += f"; kernel log unreadable, OOM not ruled out ({kernel_reason(d.evidence)})"
@@ -505,7 +615,9 @@ def outside_signal(d: Death) -> Finding | None:
             others = list(d.ooms)
             reason += ("; no OOM kill of the run in the kernel log" if not others else
                        f"; the kernel log's OOM kill(s) in the window name other processes ({', '.join(o.get('comm') or '?' for o in others)})")
-    lines = base + [line for o in d.ooms for line in o["lines"]]
+    lines = base + [line for o in d.ooms for line in o["lines"]] + (d.exc["lines"] if interrupted else [])
+    if interrupted:
+        reason += "; Python's KeyboardInterrupt traceback is the SIGINT itself, not a crash of the trainer"
     if sig in CLEAN_EXIT_SIGNALS and d.not_restarted:
         reason += f"; systemd counts SIG{SIGNAL_NAMES[sig]} as a clean exit, so {d.not_restarted}"
         return Finding("killed-by-signal", reason + d.host_note, lines, NEXT_OUTSIDE_CLEAN_EXIT, signal=sig)
@@ -545,7 +657,17 @@ def crash(d: Death) -> Finding | None:
                       f"({exit_desc}){xid_note}{host_note}" if specific else
                       f"{exit_desc}, no output from the trainer{xid_note}{host_note}")
             exc = {"lines": [jline(*x) for x in specific]} if specific else None
-    lines = d.base + (exc["lines"] if exc else []) + [x["line"] for x in app_xids]
+    cited = d.catalogued or ((d.signal_entry, d.exit_desc) if d.signal_entry else None)
+    if not hint and cited:  # the layer's own catalogue says what it means
+        entry, _ = cited
+        hint, action = entry.said, entry.action
+        if entry.name not in reason:
+            reason += f"; {entry.said}"
+    if hint and "raise MemoryMax" in hint and d.memory_max is None:
+        hint = hint.replace("raise MemoryMax", "give the host more memory (the unit sets no MemoryMax=)")
+    reason += d.kernel_note
+    lines = (d.base + (exc["lines"] if exc else []) + [x["line"] for x in app_xids]
+             + [f["line"] for f in d.families if f["entry"].verdict == "crash"][:2])
     return Finding("crash", reason, dedupe(lines, 20), hint, action=action or "investigate",
                    exception=exc.get("head") if exc else None)
 
@@ -561,15 +683,16 @@ def unknown(d: Death) -> Finding:
     return Finding("unknown", f"unit is {props.get('ActiveState', '?')} and nothing explains how it ended"
                    + (f": {', '.join(gaps)}" if gaps else f" ({d.exit_desc})")
                    + (f"; status.json last said phase={status.get('phase')} step={status.get('step')}" if status else "")
-                   + d.host_note,
+                   + d.host_note + d.kernel_note,
                    d.base + ([f"status.json: phase={status.get('phase')} updated {fmt_time(status_time(status.get('updated')))}"] if status else []))
 
 
 # docs/diagnosis.md's precedence list, in its order: the first rule that returns a finding wins.
 RULES = (
-    clean_exit, hardware_xid, kernel_oom_kill, systemd_oom_kill, exec_failed, start_timeout,
+    clean_exit, hardware_xid, kernel_family, kernel_oom_kill, systemd_oom_kill, exec_failed, start_timeout,
     cuda_oom, shm_full, disk_quota, disk_full, short_write, peer_failure, nccl_timeout, watchdog_hang,
-    host_finding, nccl_error, native_crash, config_error, nonfinite_loss, outside_signal, crash, unknown,
+    host_finding, nccl_error, native_crash, config_error, nonfinite_loss, layer_catalogue, outside_signal, crash,
+    unknown,
 )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from ..contract import layout, messages
+from .catalogues import systemd as systemd_catalogue
 
 # diagnosis.json's schema. 2: `action` beside `next_step`; verdicts native-crash, driver-mismatch,
 # driver-too-old, gpu-unavailable, toolchain-error, nccl-error, start-limit-hit, start-timeout,
@@ -19,7 +20,7 @@ VERDICTS = (
     "cgroup-oom-kill", "cuda-oom", "gpu-xid-<n>", "gpu-unavailable", "driver-mismatch",
     "driver-too-old", "toolchain-error", "nccl-timeout", "nccl-error", "watchdog-hang", "disk-full",
     "killed-by-signal", "peer-failure", "start-limit-hit", "start-timeout", "exec-failed", "nonfinite-loss",
-    "filesystem-error", "stopped", "unknown",
+    "filesystem-error", "host-hardware-error", "stopped", "unknown",
     "server-oom", "server-kv-cache", "server-nccl", "server-not-ready", "server-died",
 )
 
@@ -82,6 +83,7 @@ VERDICT_ACTIONS = {
     "watchdog-hang": "rerun", "disk-full": "free-disk", "killed-by-signal": "rerun",
     "peer-failure": "diagnose-peer", "start-limit-hit": "reset-failed", "start-timeout": "raise-timeout",
     "exec-failed": "fix-config", "nonfinite-loss": "fix-config", "filesystem-error": "check-filesystem",
+    "host-hardware-error": "drain-contact-support",
     "server-oom": "fix-server", "server-kv-cache": "fix-server", "server-nccl": "investigate",
     "server-not-ready": "fix-server", "server-died": "check-target-server", "unknown": "investigate",
     "unreachable": "check-host",
@@ -142,17 +144,8 @@ RECOVERY_ACTIONS = {0: "none", 1: "reset-gpu", 2: "reboot-node", 3: "reset-gpu",
 
 # systemd's own exit statuses (EXIT_CHDIR..EXIT_CREDENTIALS, systemd.exec(5) "Process Exit
 # Codes"): the trainer never ran. EXEC means ExecStart= (the venv's dflash-train) is missing.
-SYSTEMD_EXIT_STEPS = {200: "CHDIR", 201: "NICE", 202: "FDS", 203: "EXEC", 204: "MEMORY", 205: "LIMITS",
-                      206: "OOM_ADJUST", 207: "SIGNAL_MASK", 208: "STDIN", 209: "STDOUT", 210: "CHROOT",
-                      211: "IOPRIO", 212: "TIMERSLACK", 213: "SECUREBITS", 214: "SETSCHEDULER",
-                      215: "CPUAFFINITY", 216: "GROUP", 217: "USER", 218: "CAPABILITIES", 219: "CGROUP",
-                      220: "SETSID", 221: "CONFIRM", 222: "STDERR", 224: "PAM", 225: "NETWORK",
-                      226: "NAMESPACE", 227: "NO_NEW_PRIVILEGES", 228: "SECCOMP", 229: "SELINUX_CONTEXT",
-                      230: "PERSONALITY", 231: "APPARMOR_PROFILE", 232: "ADDRESS_FAMILIES",
-                      233: "RUNTIME_DIRECTORY", 235: "CHOWN", 236: "SMACK_PROCESS_LABEL", 237: "KEYRING",
-                      238: "STATE_DIRECTORY", 239: "CACHE_DIRECTORY", 240: "LOGS_DIRECTORY",
-                      241: "CONFIGURATION_DIRECTORY", 242: "NUMA_POLICY", 243: "CREDENTIALS"}
-EXEC_STEP_ACTIONS = {"EXEC": "fix-venv"}
+SYSTEMD_EXIT_STEPS = systemd_catalogue.EXIT_STEPS
+EXEC_STEP_ACTIONS = {step: action for step, (action, _) in systemd_catalogue.EXIT_STEP_MEANINGS.items()}
 
 # Signals a process sends itself when it crashes; anything else came from outside.
 CRASH_SIGNALS = {4, 5, 6, 7, 8, 11, 31}
@@ -422,6 +415,8 @@ NEXT_STEPS = {
     "start-timeout": "READY=1 never came within TimeoutStartSec: raise the run's resources.start_timeout_s if loading is only slow, or find where it hung (last output), then train.yml",
     "exec-failed": "systemd could not start the trainer at all (the step is in the reason): fix it (provision / train.yml), then start again",
     "unknown": "read evidence.json (journal, unit properties, kernel log) by hand",
+    "host-hardware-error": "the machine itself failed under the run (the kernel's line is in the reason): drain the "
+                           "node and have its CPU, memory or kernel checked before it runs again",
     "server-oom": "the vLLM server ran out of memory loading the target or profiling: give it more GPUs (tensor "
                   "parallel), a lower --gpu-memory-utilization where another process shares the GPU, or free the "
                   "GPU; then train.yml",

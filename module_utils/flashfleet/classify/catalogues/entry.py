@@ -41,3 +41,8 @@ class Entry:
     @property
     def fact(self) -> str:
         return self.key or self.name
+
+    @property
+    def said(self) -> str:
+        """The entry in a reason's words: its name, then what it means."""
+        return self.meaning if self.meaning.startswith(self.name) else f"{self.name}: {self.meaning}"

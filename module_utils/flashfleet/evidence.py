@@ -67,6 +67,10 @@ KERNEL_INTEREST_PATTERNS = (
     r"I/O error|EXT4-fs|XFS|Aborting journal|aborted journal|Remounting filesystem read-only|No space left",
     r"pids controller|fork rejected",  # the cgroup's task limit (TasksMax)
     r"AER:|PCIe Bus Error|pcieport",  # a PCIe link (a GPU's) that failed
+    # the machine and the kernel itself: poisoned memory, EDAC, lockups, RCU stalls, NFS, Oops, panics
+    # (the classifier's kernel catalogue reads them; its test checks that each sample is kept here)
+    r"Memory failure|hardware memory corruption|EDAC|soft lockup|hard LOCKUP|rcu_\w+ .*stall|rcu: INFO"
+    r"|nfs: server|Kernel panic|BUG: |Oops: |no killable processes",
 )
 KERNEL_INTEREST = re.compile("|".join(KERNEL_INTEREST_PATTERNS), re.IGNORECASE)
 

@@ -5,6 +5,7 @@ decided is docs/diagnosis.md ("Verdicts and how they are decided"), which rules.
 
 # The package, one module per concern (docs/diagnosis.md has the same table):
 #   signatures  the knowledge as data: verdicts, actions, the Xid catalog, every signature table
+#   catalogues  each layer's own vocabulary as data (errno, signals, systemd, HTTP, kernel, ...)
 #   journal     reader: the unit's record and journal, cut into invocations
 #   kernel      reader: the kernel log (OOM kills, Xids, NVRM, filesystems, AER, segfaults), cgroups
 #   output      reader: the trainer's output (exceptions, NCCL, native crashes, hints)

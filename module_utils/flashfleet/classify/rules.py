@@ -443,16 +443,16 @@ def disk_full(d: Death) -> Finding | None:
     if disk.get("free_bytes") is not None and not nearly_full(disk):
         inodes, total = disk.get("free_inodes"), disk.get("total_inodes")
         if total and inodes is not None and inodes < NEARLY_FULL_FRACTION * total:
-            return Finding("disk-full", f"No space left on device{d.saving}: out of inodes ({inodes} of {total} "
+            return Finding("disk-full", f"No space left on device (ENOSPC){d.saving}: out of inodes ({inodes} of {total} "
                            f"free), not of space{d.free}", d.base + [jline(*hit)],
                            "the filesystem has space but no free inodes: remove many small files (old caches, "
                            "extracted shards) or move the run to a filesystem with more inodes; then restart")
-        return Finding("disk-full", f"No space left on device{d.saving}, yet the run's filesystem is not full now"
+        return Finding("disk-full", f"No space left on device (ENOSPC){d.saving}, yet the run's filesystem is not full now"
                        f"{d.free}: the write that failed was on another filesystem (the path in the line: a "
                        f"temporary or cache directory, /dev/shm) or space was freed since",
                        d.base + [jline(*hit)], "find the filesystem of the path the error names (df -h PATH, "
                        "df -i PATH) and free it; then restart")
-    return Finding("disk-full", f"No space left on device{d.saving}{d.free}", d.base + [jline(*hit)])
+    return Finding("disk-full", f"No space left on device (ENOSPC){d.saving}{d.free}", d.base + [jline(*hit)])
 
 
 def short_write(d: Death) -> Finding | None:
@@ -620,8 +620,9 @@ def outside_signal(d: Death) -> Finding | None:
         reason += "; Python's KeyboardInterrupt traceback is the SIGINT itself, not a crash of the trainer"
     if sig in CLEAN_EXIT_SIGNALS and d.not_restarted:
         reason += f"; systemd counts SIG{SIGNAL_NAMES[sig]} as a clean exit, so {d.not_restarted}"
-        return Finding("killed-by-signal", reason + d.host_note, lines, NEXT_OUTSIDE_CLEAN_EXIT, signal=sig)
-    return Finding("killed-by-signal", reason + d.host_note, lines, signal=sig)
+        return Finding("killed-by-signal", reason + d.host_note, lines, NEXT_OUTSIDE_CLEAN_EXIT,
+                       action=entry.action if entry else None, signal=sig)
+    return Finding("killed-by-signal", reason + d.host_note, lines, action=entry.action if entry else None, signal=sig)
 
 
 def crash(d: Death) -> Finding | None:
@@ -658,9 +659,10 @@ def crash(d: Death) -> Finding | None:
                       f"{exit_desc}, no output from the trainer{xid_note}{host_note}")
             exc = {"lines": [jline(*x) for x in specific]} if specific else None
     cited = d.catalogued or ((d.signal_entry, d.exit_desc) if d.signal_entry else None)
-    if not hint and cited:  # the layer's own catalogue says what it means
+    if cited:  # the layer's own catalogue names it, and says what it means where no hint did
         entry, _ = cited
-        hint, action = entry.said, entry.action
+        if not hint:
+            hint, action = entry.said, entry.action
         if entry.name not in reason:
             reason += f"; {entry.said}"
     if hint and "raise MemoryMax" in hint and d.memory_max is None:

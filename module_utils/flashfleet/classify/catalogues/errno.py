@@ -86,7 +86,8 @@ def _entry(num: int, name: str) -> Entry:
     verdict, action, meaning = MEANINGS.get(name, _DEFAULT)
     spellings = [rf"\[Errno {num}\]", rf"\b{name}\b"]
     if not text.startswith("Unknown error"):
-        spellings.append(re.escape(text))
+        # the message alone, not a longer one it begins (EINTR's inside ERESTART's "... should be restarted")
+        spellings.append(re.escape(text) + r"(?![ \t]+[a-z])")
     return Entry("errno", name, re.compile("|".join(spellings)), f"{name} ({text}): {meaning}", verdict, action,
                  SOURCE, _sample(num, name, text), number=num)
 

@@ -1,0 +1,141 @@
+"""Bad input is refused on the controller with one message that names the problem and the fix,
+never a Python traceback: run entries of flashfleet_runs (playbooks/filter_plugins/
+flashfleet_run_entries.py, which check_run.yml runs before any host is touched; the same through
+the playbooks: tests/playbooks/test_check_run_generated.py).
+
+Hypothesis generates the malformed input from the schema the checker itself declares (FIELDS,
+SUBFIELDS), so a field added there is fuzzed too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import ROOT
+
+_spec = importlib.util.spec_from_file_location("flashfleet_run_entries",
+                                               ROOT / "playbooks/filter_plugins/flashfleet_run_entries.py")
+entries = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(entries)
+
+FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Any value YAML or JSON can give a field.
+values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                      max_leaves=8)
+names = st.from_regex(entries.layout.RUN_NAME_RE, fullmatch=True).filter(lambda n: len(n) < 60)
+GOOD = {"hosts": ["ct200"], "trainer": {"target_model": "/m", "drafter_gpus": "4"}, "rdma": False,
+        "resources": {"start_timeout_s": 60, "oom_policy": "stop"}, "wandb": {"project": "p", "settings": {}},
+        "webhook": {"url": "https://hooks.example.org/x"}, "nccl": {"NCCL_SOCKET_IFNAME": "ens1"},
+        "vllm": {"servers": [{"port": 8100, "gpus": "0,1"}, {"port": 8101, "gpus": "2,3"}], "args": {}}}
+
+
+def problems(name, entry):
+    return entries.flashfleet_run_entry_problems([name], {name: entry})
+
+
+def _wrong(kind):
+    """Values that are not of the kind (the checker's own test decides)."""
+    return values.filter(lambda v: not entries.KINDS[kind][0](v))
+
+
+def _refused(found, name, field):
+    """One or more messages, every one naming the run, the field's and a fix."""
+    assert found and all(m.startswith(f"run {name}: ") for m in found), found
+    path = f"flashfleet_runs.{name}" + (f".{field}" if field else "")
+    assert any(path in m and ("e.g." in m or "remove" in m) for m in found), found
+
+
+def test_the_shipped_inventories_and_a_full_entry_are_accepted():
+    import yaml
+    for inv in ("example", "local"):
+        runs = yaml.safe_load((ROOT / f"inventory/{inv}/group_vars/all.yml").read_text())["flashfleet_runs"]
+        assert entries.flashfleet_run_entry_problems(list(runs), runs) == []
+    assert problems("v2", GOOD) == [] and problems("v2", None) == [] and problems("v2", {}) == []
+
+
+@pytest.mark.parametrize("entry, field, needle", [
+    # The user's report: a field that must be a mapping, given as a list (a traceback-like spec dump on the host).
+    ({"trainer": [{"target_gpus": "0"}]}, "trainer", "must be a mapping, not a list"),
+    ({"vllm": [{"port": 8100}]}, "vllm", "must be a mapping, not a list"),
+    ({"hosts": {"ct200": None}}, "hosts", "must be a non-empty list of inventory host names, not a mapping"),
+    ({"group": ["gpu_nodes"]}, "group", "must be a non-empty string, not a list"),
+    # Two servers of a run on one host sharing a GPU, or a port.
+    ({"vllm": {"servers": [{"port": 8100, "gpus": "0,1"}, {"port": 8101, "gpus": "1"}]}}, "vllm.servers[1].gpus",
+     "shares GPU(s) 1 with flashfleet_runs.r.vllm.servers[0]"),
+    ({"vllm": {"servers": [{"port": 8100, "gpus": "0"}, {"port": 8100, "gpus": "1"}]}}, "vllm.servers[1].port",
+     "port 8100 is also flashfleet_runs.r.vllm.servers[0]'s"),
+    ({"rdzv_port": 8100, "vllm": {"servers": [{"port": 8100}]}}, "vllm.servers[0].port", "is also rdzv_port's"),
+    ({"vllm": {"servers": [{"port": 70000}]}}, "vllm.servers[0].port", "must be a TCP port from 1024 to 65535"),
+    ({"vllm": {"servers": [{"port": 8100, "gpu": "0"}]}}, "vllm.servers[0]", "unknown field(s) gpu"),
+    ({"vllm": {"args": {}}}, "vllm", "needs servers"),
+    ({"resources": {"oom_policy": "panic"}}, "resources.oom_policy", "must be one of stop, kill, continue"),
+    ({"trainr": {}}, "", "has unknown field(s) trainr"),
+])
+def test_a_malformed_field_is_refused_naming_the_run_the_field_and_the_fix(entry, field, needle):
+    found = problems("r", entry)
+    _refused(found, "r", field)
+    assert any(needle in m for m in found), found
+
+
+@pytest.mark.parametrize("name", ["a/b", "-v2", "v2 run", "v2@x", "ü", "", "x" * 240])
+def test_a_run_name_systemd_cannot_take_as_an_instance_is_refused(name):
+    found = problems(name, {})
+    assert len(found) == 1 and "run name" in found[0] and "rename the run" in found[0], found
+
+
+def test_flashfleet_runs_itself_malformed_is_one_message():
+    assert entries.flashfleet_run_entry_problems(["v2"], ["v2"])[0].startswith("flashfleet_runs must be a mapping")
+    assert "quote it" in entries.flashfleet_run_entry_problems([], {2024: {}})[0]
+
+
+@FAST
+@given(name=names, entry=st.dictionaries(st.sampled_from(list(entries.FIELDS) + ["x"]), values, max_size=4)
+       | values)
+def test_any_entry_gives_messages_never_an_exception(name, entry):
+    found = problems(name, entry)
+    assert isinstance(found, list) and all(isinstance(m, str) and m.startswith(f"run {name}: ") for m in found)
+
+
+@FAST
+@given(data=st.data(), name=names, field=st.sampled_from(sorted(entries.FIELDS)))
+def test_a_wrong_type_at_any_field_is_refused(data, name, field):
+    value = data.draw(_wrong(entries.FIELDS[field][0]))
+    _refused(problems(name, {**GOOD, field: value}), name, field)
+
+
+@FAST
+@given(data=st.data(), name=names, field=st.sampled_from(sorted(entries.SUBFIELDS)))
+def test_a_wrong_type_at_any_subfield_is_refused(data, name, field):
+    sub = data.draw(st.sampled_from(sorted(entries.SUBFIELDS[field])))
+    value = data.draw(_wrong(entries.SUBFIELDS[field][sub][0]))
+    _refused(problems(name, {**GOOD, field: {**GOOD.get(field, {}), sub: value}}), name, f"{field}.{sub}")
+
+
+@FAST
+@given(name=st.text(max_size=30).filter(lambda n: not entries.layout.RUN_NAME_RE.match(n)))
+def test_any_bad_name_is_refused(name):
+    found = problems(name, GOOD)
+    assert len(found) == 1 and "cannot be a systemd unit instance" in found[0], found
+
+
+@FAST
+@given(a=st.sets(st.integers(0, 15), min_size=1), b=st.sets(st.integers(0, 15), min_size=1),
+       shared=st.integers(0, 15))
+def test_servers_sharing_any_gpu_are_refused(a, b, shared):
+    servers = [{"port": 8100, "gpus": ",".join(map(str, sorted(a | {shared})))},
+               {"port": 8101, "gpus": ",".join(map(str, sorted(b | {shared})))}]
+    found = problems("r", {"vllm": {"servers": servers}})
+    assert len(found) == 1 and f"shares GPU(s) {', '.join(map(str, sorted((a & b) | {shared})))}" in found[0], found
+
+
+@FAST
+@given(port=st.integers().filter(lambda p: p not in entries.PORTS), where=st.sampled_from(["server", "rdzv"]))
+def test_an_out_of_range_port_is_refused(port, where):
+    entry = {"rdzv_port": port} if where == "rdzv" else {"vllm": {"servers": [{"port": port, "gpus": "0"}]}}
+    _refused(problems("r", entry), "r", "rdzv_port" if where == "rdzv" else "vllm.servers[0].port")

@@ -264,6 +264,14 @@ def exit_facts(props: dict, inv: Invocation, current: bool) -> dict:
     if current and props:
         main_code = as_int(props.get("ExecMainCode"), 0)
         exit_ts = parse_systemd_time(props.get("ExecMainExitTimestamp"))
+        start_ts = parse_systemd_time(props.get("ExecMainStartTimestamp"))
+        # systemd keeps ExecMain* of the unit's previous process until the next one exits: an exit
+        # before this process's start (or before the invocation's first line) is another invocation's
+        stale = exit_ts is not None and ((start_ts is not None and exit_ts < start_ts)
+                                         or (inv.first_ts is not None and exit_ts < inv.first_ts - 1.0))
+        if stale:
+            return dict(facts, stale_record=(f"systemctl's ExecMain* record (exit {props.get('ExecMainStatus')} at "
+                                             f"{fmt_time(exit_ts)}) is of the unit's previous process"))
         if main_code or exit_ts is not None:
             facts.update(code={1: "exited", 2: "killed", 3: "dumped"}.get(main_code, facts["code"]),
                          status=as_int(props.get("ExecMainStatus"), facts["status"]),

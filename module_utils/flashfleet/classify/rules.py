@@ -394,7 +394,8 @@ def start_timeout(d: Death) -> Finding | None:
             and not inv.stopping):
         return None
     limit = d.props.get("TimeoutStartUSec")
-    took = f" after {(facts['ts'] or inv.last_ts) - inv.first_ts:.0f} s" if (inv.first_ts and (facts['ts'] or inv.last_ts)) else ""
+    ended = facts["ts"] or inv.last_ts
+    took = f" after {ended - inv.first_ts:.0f} s" if (inv.first_ts and ended and ended >= inv.first_ts) else ""
     last = next((line.strip() for _, line in reversed(app) if line.strip()), None)
     return Finding("start-timeout",
                    f"READY=1 did not come within TimeoutStartSec{f' ({limit})' if limit else ''}: systemd stopped the "
@@ -665,6 +666,9 @@ def crash(d: Death) -> Finding | None:
             hint, action = entry.said, entry.action
         if entry.name not in reason:
             reason += f"; {entry.said}"
+    if not hint and not d.exc:  # never "fix the exception shown" where there is none
+        hint = ("no rule recognises this failure: read the lines shown and evidence.json (the kernel log, systemd's "
+                "record, the trainer's output)")
     if hint and "raise MemoryMax" in hint and d.memory_max is None:
         hint = hint.replace("raise MemoryMax", "give the host more memory (the unit sets no MemoryMax=)")
     reason += d.kernel_note

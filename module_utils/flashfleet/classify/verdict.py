@@ -194,6 +194,8 @@ def death(evidence, unit, props, status, inv, props_line, current) -> Death:
     scan = kernel_scan(evidence, start, end)
     app = inv.app_lines()
     base = [line for line in (props_line,) if line]
+    if facts.get("stale_record"):
+        base.append(f"systemctl: {facts['stale_record']}: this death's facts are the journal's")
     if inv.exit_line:
         base.append(jline(inv.exit_ts, inv.exit_line))
     if inv.result_line:
@@ -236,7 +238,8 @@ def _explain_death(evidence, run, unit, props, status, inv, props_line, warnings
     if cause.verdict in START_OUTCOMES:
         return cause
     if not ready:
-        when = f"{(end - start):.0f} s after start" if (start is not None and end is not None) else "during start-up"
+        when = (f"{(end - start):.0f} s after start" if (start is not None and end is not None and end >= start)
+                else "during start-up")
         return Finding("init-crash", f"died before READY ({when}): {cause.reason}", cause.lines, cause.next_step,
                        action=cause.action,
                        cause={"verdict": cause.verdict, "reason": cause.reason, "action": cause.action, **cause.extra})

@@ -32,18 +32,28 @@ _TORCH = ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csr
 def _result(name: str, number: int, message: str, verdict: str, action: str, meaning: str,
             pattern: str | None = None) -> Entry:
     spelled = pattern or re.escape(message)
+    # torch's line prints the message, not the code's name: the message is the fact to quote
     return Entry("nccl", name, re.compile(rf"\b{name}\b|NCCL error(?: in: \S+,|:) {spelled}"),
-                 f"{name} ({message}): {meaning}", verdict, action, SOURCE, _TORCH.format(message), number=number)
+                 f"{name} ({message}): {meaning}", verdict, action, SOURCE, _TORCH.format(message), number=number,
+                 key=message)
 
 
 def _warn(name: str, pattern: str, meaning: str, verdict: str, action: str, source: str, text: str,
           file: str, **extra) -> Entry:
-    return Entry("nccl", name, re.compile(pattern), meaning, verdict, action, source,
-                 f"{_WHERE} {file} NCCL WARN {text}", extra=extra)
+    sample = f"{_WHERE} {file} NCCL WARN {text}"
+    return Entry("nccl", name, re.compile(pattern), meaning, verdict, action, source, sample,
+                 key=_fact(pattern, sample), extra=extra)
 
 
 def _torch(name: str, pattern: str, meaning: str, verdict: str, action: str, sample: str) -> Entry:
-    return Entry("nccl", name, re.compile(pattern), meaning, verdict, action, TORCH_SOURCE, sample)
+    return Entry("nccl", name, re.compile(pattern), meaning, verdict, action, TORCH_SOURCE, sample,
+                 key=_fact(pattern, sample))
+
+
+def _fact(pattern: str, sample: str) -> str:
+    """The words of the line that identify it (what its pattern finds): the fact a verdict quotes."""
+    m = re.search(pattern, sample)
+    return m.group(0).strip() if m else ""
 
 
 # IB work-completion statuses (enum ibv_wc_status) NCCL prints as `status=12` (2.19+), `error 12`

@@ -31,6 +31,8 @@ _SO = "/opt/flashfleet/venv/lib/python3.11/site-packages/flash_attn_2_cuda.cpyth
 
 def _e(name: str, pattern: str, meaning: str, verdict: str, action: str, source: str, sample: str,
        key: str = "", **extra) -> Entry:
+    if not key and name not in sample:  # quote the words of the line its pattern finds
+        key = re.search(pattern, sample).group(0).strip(" :")
     return Entry("python", name, re.compile(pattern), meaning, verdict, action, source, sample, key=key, extra=extra)
 
 

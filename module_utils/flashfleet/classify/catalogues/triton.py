@@ -24,6 +24,8 @@ TOOLS = "ptxas / GNU ld / gcc diagnostics, as Triton's and Inductor's builds pri
 
 def _e(name: str, pattern: str, meaning: str, verdict: str, action: str, source: str, sample: str,
        key: str = "") -> Entry:
+    if not key and name not in sample:  # quote the words of the line its pattern finds
+        key = re.search(pattern, sample).group(0).strip(" :")
     return Entry("triton", name, re.compile(pattern), meaning, verdict, action, source, sample, key=key)
 
 
@@ -61,7 +63,7 @@ ENTRIES = (
        "kernel and GPU, or a ptxas too old for it", "crash", "investigate", TRITON,
        "subprocess.CalledProcessError: Command '['/opt/venv/lib/python3.11/site-packages/triton/backends/nvidia/"
        "bin/ptxas', '-lineinfo', '-v', '--gpu-name=sm_90a', '/tmp/tmpa1b2c3.ptx', '-o', '/tmp/tmpa1b2c3.ptx.o']' "
-       "returned non-zero exit status 255."),
+       "returned non-zero exit status 255.", key="CalledProcessError"),
     _e("ptxas-gpu-name", r"ptxas fatal\s*: Value '[^']+' is not defined for option 'gpu-name'",
        "ptxas does not know this GPU's architecture: the CUDA toolkit (or Triton's bundled ptxas) is too old for "
        "the GPU; point TRITON_PTXAS_PATH at a newer ptxas or upgrade Triton", "toolchain-error", "fix-toolchain",

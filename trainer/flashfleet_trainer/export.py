@@ -58,6 +58,14 @@ NEUTRAL = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "logit_scale"
 MLP = ("gate_proj", "up_proj", "down_proj")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as ConfigErrors: one line, exit 78, like every other refusal (config.CliParser's
+    twin: the import graph keeps this module off the trainer's config)."""
+
+    def error(self, message):
+        raise ConfigError(message, f"see {self.prog.split()[0]} --help")
+
+
 # ---- the name map and the shapes ------------------------------------------------------------------
 
 def layer_types_of(cfg) -> list[str]:
@@ -532,6 +540,8 @@ def _exchange(a: Path, b: Path) -> bool:
 def check_out_dir(out_dir, force: bool) -> Path:
     """Refuse an OUT_DIR that exists (without --force) or cannot be written. Nothing is changed."""
     out = Path(out_dir).absolute()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file, not a directory", "choose another OUT_DIR (a directory path)")
     if out.exists() or out.is_symlink():
         if not force:
             raise ConfigError(f"{out} already exists", "pass --force to replace it, or choose another OUT_DIR")
@@ -583,9 +593,39 @@ def write_dir(out: Path, config: dict, tensors: dict, readme: str, force: bool =
     return out
 
 
+def check_apart(source, out_dir) -> None:
+    """An export never replaces or deletes the run it reads from (OUT_DIR = RUN_DIR --force did):
+    OUT_DIR must not be the source (a run or a checkpoint, or the run a checkpoint belongs to),
+    nor hold it; inside the run it may only be a new path or a previous export outside
+    checkpoints/ (collect.yml exports to <run>/drafter, docs/export.md). Symlinks resolved."""
+    src = Path(source).resolve()
+    out = Path(out_dir).resolve()
+    runs = [src] + ([src.parent.parent] if src.parent.name == layout.CHECKPOINTS else [])
+    for run in runs:
+        if out == run or out in run.parents:
+            where = "the same as" if out == run else "above"
+        elif run in out.parents and (run / layout.CHECKPOINTS == out or run / layout.CHECKPOINTS in out.parents
+                                     or out.exists() and not _is_export(out)):
+            where = "inside"
+        else:
+            continue
+        raise ConfigError(f"OUT_DIR {out_dir} is {where} {run}, which the export reads from: writing it would "
+                          "replace or delete what the run holds", "choose an OUT_DIR outside the run directory "
+                          "(or a new one beside its checkpoints, such as RUN_DIR/drafter)")
+
+
+def _is_export(d: Path) -> bool:
+    """A directory this module wrote (config.json of the format): --force may replace it."""
+    try:
+        return json.loads((d / CONFIG).read_text()).get("architectures") == [ARCHITECTURE]
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def export(source, out_dir, force: bool = False, target_model=None, log=print) -> Path:
     """The whole export: resolve and verify the checkpoint, read the target, convert, write.
     Every refusal is a ConfigError raised before anything is written."""
+    check_apart(source, out_dir)
     out = check_out_dir(out_dir, force)
     ckpt = resolve_checkpoint(source)
     cfg, weights = read_checkpoint(ckpt)
@@ -611,7 +651,7 @@ def export(source, out_dir, force: bool = False, target_model=None, log=print) -
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dflash-export", description="Export a drafter checkpoint to the DFlash "
+    p = _Parser(prog="dflash-export", description="Export a drafter checkpoint to the DFlash "
                                 "directory format vLLM, SGLang and z-lab's dflash load (config.json, bf16 "
                                 "model.safetensors, README.md model card).",
                                 epilog="Exit codes: 0 written; 78 refused (one line on stderr, nothing changed).")
@@ -623,8 +663,8 @@ def main(argv=None) -> int:
     p.add_argument("--target-model", default=None, help="the target's local directory (default: the one the "
                    "checkpoint's config.json names); its config.json gives num_target_layers, vocab_size and "
                    "max_position_embeddings")
-    a = p.parse_args(argv)
     try:
+        a = p.parse_args(argv)
         export(a.source, a.out_dir, a.force, a.target_model)
     except ConfigError as e:
         print(e.line(), file=sys.stderr)

@@ -121,7 +121,22 @@ def load_data(data_dir, max_seq_len: int, vocab_size: int | None = None) -> Toke
         raise ConfigError(f"--data-dir {data_dir}: no sequence has 2 or more tokens", "check the data export")
     offsets = np.zeros(len(lens) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(lens)
-    return TokenData(np.concatenate(toks), np.concatenate(masks), offsets)
+    data = TokenData(np.concatenate(toks), np.concatenate(masks), offsets)
+    if not supervised_pairs(data.mask, offsets):
+        # Zero anchors everywhere: every step's loss would be 0/0 (nan) on zero rows, and the run
+        # would "complete" having learnt nothing. preflight refuses it too, where it read the data.
+        raise ConfigError(f"--max-seq-len {max_seq_len}: no supervised token pair is left in --data-dir {data_dir} "
+                          "after truncation (a run would train on zero rows)",
+                          "raise --max-seq-len above the prompts' length, or check loss_mask")
+    return data
+
+
+def supervised_pairs(mask: np.ndarray, offsets: np.ndarray) -> int:
+    """Anchor candidates (anchor_candidates) of all sequences of flat `mask` split at `offsets`."""
+    m = mask.astype(bool)
+    ok = m[:-1] & m[1:]
+    ok[offsets[1:-1] - 1] = False  # a pair across two sequences is none
+    return int(ok.sum())
 
 
 def pack_epoch(lengths, seed: int, epoch: int, token_budget: int, max_batch_size: int) -> list[list[int]]:

@@ -245,18 +245,36 @@ def _ids_leaf(meta) -> int | None:
     return None
 
 
-def check_data_values(files, vocab: int, budget_tokens: int | None = None) -> str:
+def _supervised_pairs(lm, max_seq_len: int | None) -> tuple[int, int | None]:
+    """(anchor candidates within max_seq_len, the shortest --max-seq-len that leaves one) of a row
+    group's loss_mask lists (data.anchor_candidates: a supervised token and a supervised next)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    m = pc.not_equal(pc.list_flatten(lm).cast("int64"), 0).to_numpy(zero_copy_only=False)
+    row = pc.list_parent_indices(lm).to_numpy()
+    pos = np.arange(len(m)) - lm.offsets.to_numpy()[row]
+    pair = m[:-1] & m[1:] & (row[:-1] == row[1:])
+    need = int(pos[:-1][pair].min()) + 2 if pair.any() else None
+    kept = pair if max_seq_len is None else pair & (pos[:-1] <= max_seq_len - 2)
+    return int(kept.sum()), need
+
+
+def check_data_values(files, vocab: int, budget_tokens: int | None = None, max_seq_len: int | None = None) -> str:
     """Token ids in [0, vocab) and one loss_mask entry per token, before the target loads.
     Token range: the Parquet column statistics when every row group of a file has them, otherwise
     read. loss_mask lengths have no statistics: read, row group by row group, until
-    budget_tokens were read (then the summary says how far it got). Raises ConfigError."""
+    budget_tokens were read (then the summary says how far it got). With every row read and every
+    file masked, at least one supervised token pair must be left after truncation to max_seq_len
+    (else every step trains zero rows). Raises ConfigError."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     budget = SCAN_BUDGET_TOKENS if budget_tokens is None else budget_tokens
     fix_ids = "tokenize with the target model's tokenizer (the data and --target-model do not belong together)"
     by_stats, read_rows, total_rows, read_tokens, cut = [], 0, 0, 0, False
-    lo = hi = None
+    lo = hi = need = None
+    pairs, all_masked = 0, True
     for f in files:
         pf = pq.ParquetFile(f)
         meta = pf.metadata
@@ -274,6 +292,7 @@ def check_data_values(files, vocab: int, budget_tokens: int | None = None) -> st
                     lo = st.min if lo is None else min(lo, st.min)
                     hi = st.max if hi is None else max(hi, st.max)
         has_mask = "loss_mask" in pf.schema_arrow.names
+        all_masked = all_masked and has_mask
         if f in by_stats and not has_mask:
             continue  # nothing left to read in this file
         first = 0
@@ -293,6 +312,9 @@ def check_data_values(files, vocab: int, budget_tokens: int | None = None) -> st
                     got = n_lm[r].as_py()
                     raise ConfigError(f"{f} row {first + r}: loss_mask has {'no value' if got is None else got} "
                                       f"entries, input_ids {n_ids[r].as_py()}", "write one loss_mask entry per token")
+                kept, first_need = _supervised_pairs(lm, max_seq_len)
+                pairs += kept
+                need = min((x for x in (need, first_need) if x is not None), default=None)
             if f not in by_stats:
                 flat = pc.list_flatten(ids)
                 if len(flat):
@@ -308,6 +330,11 @@ def check_data_values(files, vocab: int, budget_tokens: int | None = None) -> st
             read_tokens += pc.sum(n_ids).as_py() or 0
             read_rows += t.num_rows
             first += t.num_rows
+    if max_seq_len is not None and all_masked and not cut and not pairs:
+        raise ConfigError(f"--max-seq-len {max_seq_len}: no supervised token pair is left in the data after truncation "
+                          "(every step would train zero rows, loss nan)",
+                          f"raise --max-seq-len to at least {need} (the shortest that keeps a supervised pair)"
+                          if need else "supervise the completions: loss_mask 1 on their tokens")
     src = ("Parquet column statistics" if len(by_stats) == len(files) else
            "read from the data" if not by_stats else f"Parquet column statistics of {len(by_stats)} of "
            f"{len(files)} file(s), the others read")
@@ -490,11 +517,26 @@ def drafter_config(args, tcfg, layer_ids, mask_id) -> DrafterConfig:
     return dcfg
 
 
+def check_output_dir(output_dir) -> None:
+    """The run can make (or use) its directory: no file there or above it, the nearest existing
+    ancestor writable."""
+    out = Path(output_dir)
+    probe = out  # the nearest existing ancestor decides whether the run can create its directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--output-dir {out}: {probe} is a file, not a directory",
+                          "pass a directory path for the run (a new one, or the run's own)")
+    if not os.access(probe, os.W_OK):
+        raise ConfigError(f"--output-dir {out} is not writable", "create it or fix its ownership")
+
+
 def preflight(args) -> StartFacts:
     """Validate paths, model config, data schema, devices, memory and wandb. Raises ConfigError."""
     from transformers import AutoConfig
 
     summary = []
+    check_output_dir(args.output_dir)  # first: check_checkpoints reads under it
     model_dir = Path(args.target_model)
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"--target-model {model_dir}: no config.json there (not a local model directory)",
@@ -562,7 +604,7 @@ def preflight(args) -> StartFacts:
 
     files, rows = check_schema(args.data_dir)
     summary.append(f"data {args.data_dir}: {len(files)} Parquet file(s), {rows} rows, schema ok; "
-                   + check_data_values(files, vocab))
+                   + check_data_values(files, vocab, max_seq_len=args.max_seq_len))
     eval_prompts = args.eval_prompts
     if eval_prompts and not Path(eval_prompts).is_file():
         raise ConfigError(f"--eval-prompts {eval_prompts}: no such file (evaluation would be skipped silently)",
@@ -683,13 +725,6 @@ def preflight(args) -> StartFacts:
         raise ConfigError(f"--attn-impl flex but torch {torch.__version__} has no flex_attention",
                           "use --attn-impl auto or dense, or a torch with torch.nn.attention.flex_attention")
     summary.append(f"drafter attention: {resolve_attn_impl(attn, drafter_devices[0])} (--attn-impl {attn})")
-
-    out = Path(args.output_dir)
-    probe = out  # the nearest existing ancestor decides whether the run can create its directory
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK):
-        raise ConfigError(f"--output-dir {out} is not writable", "create it or fix its ownership")
     return StartFacts(target_config=tcfg, layer_ids=layer_ids, mask_token_id=mask_id, target_devices=target_devices,
                 drafter_devices=drafter_devices, data_files=files, data_rows=rows, wandb_settings=settings,
                 summary=summary, drafter_config=dcfg, vocab_size=vocab, checkpoints=found, servers=servers,

@@ -111,7 +111,16 @@ def rows_of(conv: Conversation, template: ChatTemplate, per_turn: bool):
         yield template.row(conv.messages[:turns[-1] + 1], turns)
 
 
-def _refuse_existing(out: Path) -> None:
+def refuse_existing(out: Path) -> None:
+    """--out must be a directory to be (a file is not; nor a directory under a file) and hold no
+    Parquet yet. dflash-data checks it before anything else (regenerate: before the server is asked)."""
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--out {out}: {probe} is a file, not a directory", "give --out a directory path")
+    if not os.access(probe, os.W_OK):
+        raise ConfigError(f"--out {out}: {probe} is not writable", "choose a writable --out or fix its ownership")
     old = sorted(out.glob("*.parquet")) if out.is_dir() else []
     if old:
         built = " (build.json: an earlier dflash-data build)" if (out / SUMMARY).exists() else ""
@@ -123,7 +132,11 @@ def build(conversations, template: ChatTemplate, out, opts: BuildOptions, log=pr
     """Write the data set; returns the summary (also OUT/build.json). ConfigError before anything
     is written when the input cannot make training data."""
     out = Path(out)
-    _refuse_existing(out)
+    refuse_existing(out)
+    made = out  # the topmost directory this build creates: a refused build removes it again
+    while not made.parent.exists():
+        made = made.parent
+    made = None if out.exists() else made
     out.mkdir(parents=True, exist_ok=True)
     writer = ShardWriter(out, opts.shard_rows)
     dropped, seen, lengths, supervised = Counter(), set(), [], 0
@@ -157,6 +170,12 @@ def build(conversations, template: ChatTemplate, out, opts: BuildOptions, log=pr
         names = writer.commit()
     except BaseException:
         writer.abort()
+        d = out
+        while made is not None:  # empty now: what this build created, bottom up
+            d.rmdir()
+            if d == made:
+                break
+            d = d.parent
         raise
     lens = np.asarray(lengths)
     summary = {"rows": len(lens), "conversations": convs, "shards": names, "tokens": int(lens.sum()),

@@ -10,15 +10,33 @@ that stops answering mid-regenerate ends it with one line (exit 1): the same com
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from pathlib import Path
+from urllib.parse import urlparse
 
 from flashfleet.contract.messages import EX_CONFIG
 
 from .errors import ConfigError
 
+# Each number's range: (flag dest, lowest, highest, lowest excluded). Checked before anything is
+# read or asked: a nan temperature or a 0 timeout would reach the server with every prompt.
+BOUNDS = [("max_len", 1, None, False), ("shard_rows", 1, None, False), ("temperature", 0, None, False),
+          ("top_p", 0, 1, True), ("top_k", 0, None, False), ("max_tokens", 1, None, False),
+          ("seed", 0, 2**32 - 1, False), ("concurrency", 1, None, False), ("request_timeout", 0, None, True),
+          ("progress_s", 0, None, True)]
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as ConfigErrors: one line, exit 78, like every other refusal (config.CliParser's
+    twin: the import graph keeps this module off the trainer's config)."""
+
+    def error(self, message):
+        raise ConfigError(message, f"see {self.prog.split()[0]} --help")
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--model", required=True, help="the target's HF directory: its tokenizer and chat template")
     common.add_argument("--input", nargs="+", required=True, help="conversations: ShareGPT or OpenAI-messages JSONL or Parquet")
     common.add_argument("--out", required=True, help="the data directory to write (dflash-train --data-dir)")
@@ -29,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--shard-rows", type=int, default=10000, help="rows per Parquet shard (default 10000)")
     common.add_argument("--no-dedup", action="store_true", help="keep exact duplicate rows")
 
-    p = argparse.ArgumentParser(prog="dflash-data", description=__doc__.split("\n")[0])
+    p = _Parser(prog="dflash-data", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("build", parents=[common], help="conversations -> Parquet with the target's chat template")
     r = sub.add_parser("regenerate", parents=[common], help="the prompts answered by the target's server, then build")
@@ -44,10 +62,38 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--request-timeout", type=float, default=600.0)
     r.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines")
     a = p.parse_args(argv)
-    for flag in ("max_len", "shard_rows"):
-        if getattr(a, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    for dest, lo, hi, open_lo in BOUNDS:
+        v, flag = getattr(a, dest, None), "--" + dest.replace("_", "-")
+        if v is None:
+            continue  # not a flag of this subcommand
+        if not math.isfinite(v) or v < lo or (open_lo and v == lo) or (hi is not None and v > hi):
+            rng = f"{'>' if open_lo else '>='} {lo}" + (f" and <= {hi}" if hi is not None else "")
+            raise ConfigError(f"{flag} {v}: must be a finite number {rng}", f"e.g. {flag} {p_default(p, a, dest)}")
     return a
+
+
+def p_default(parser: argparse.ArgumentParser, a: argparse.Namespace, dest: str):
+    """The subcommand's default of `dest` (for the fix of a refused value)."""
+    sub = next(x for x in parser._actions if isinstance(x, argparse._SubParsersAction)).choices[a.command]
+    return sub.get_default(dest)
+
+
+def check_paths(a: argparse.Namespace) -> None:
+    """Before the tokenizer loads or the server is asked: the inputs exist, --out can take a build."""
+    from .data_build import refuse_existing
+
+    for p in a.input:
+        if not Path(p).is_file():
+            raise ConfigError(f"--input {p}: no such file", "give JSONL or Parquet files of conversations")
+    refuse_existing(Path(a.out))
+    if a.command == "regenerate":
+        try:
+            url = urlparse(a.server)
+            ok = url.scheme in ("http", "https") and bool(url.hostname) and url.port != 0
+        except ValueError:  # "http://[x", a port that is no number
+            ok = False
+        if not ok:
+            raise ConfigError(f"--server {a.server!r} is not http://HOST:PORT", "e.g. --server http://127.0.0.1:8000")
 
 
 def run(a: argparse.Namespace, log=print) -> int:
@@ -55,6 +101,7 @@ def run(a: argparse.Namespace, log=print) -> int:
     from .conversations import read_conversations
     from .data_build import BuildOptions, build
 
+    check_paths(a)
     template = ChatTemplate(a.model, a.thinking)
     opts = BuildOptions(per_turn=a.per_turn, max_len=a.max_len, shard_rows=a.shard_rows, dedup=not a.no_dedup)
     if a.command == "build":
@@ -72,8 +119,8 @@ def run(a: argparse.Namespace, log=print) -> int:
 
 
 def main(argv=None) -> int:
-    a = parse_args(argv)
     try:
+        a = parse_args(argv)
         return run(a, log=lambda s: print(s, flush=True))
     except ConfigError as e:
         print(e.line(), file=sys.stderr, flush=True)

@@ -63,11 +63,18 @@ def _call(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
+            answer = json.loads(r.read())
     except urllib.error.HTTPError:
         raise
     except OSError as e:
         raise ServerGoneError(f"server {url} did not answer ({e})") from e
+    except ValueError as e:  # an HTML page: something other than an OpenAI-compatible server
+        answer = e
+    if not isinstance(answer, dict):
+        raise ConfigError(f"server {url} answered something not a JSON object ({' '.join(str(answer).split())[:80]}): "
+                          "that is no OpenAI-compatible (vLLM) server", "give --server the target's vLLM server, "
+                          "http://HOST:PORT")
+    return answer
 
 
 def _http_detail(e: urllib.error.HTTPError) -> str:
@@ -217,8 +224,11 @@ def _settings(work: Path, settings: dict) -> None:
 def regenerate(inputs, template: ChatTemplate, server: str, out, sampling: Sampling, *, per_turn=False,
                concurrency=8, served_model=None, request_timeout=600.0, progress_s=10.0, log=print) -> Path:
     """Answer every prompt of `inputs` once (resuming from the ledger); returns the ledger's path."""
+    from .data_build import refuse_existing
+
     if concurrency < 1:
         raise ConfigError(f"--concurrency {concurrency}", "give at least 1")
+    refuse_existing(Path(out))  # a build there already: refused before a single request
     served = check_server(server, template, template.model_dir, served_model)
     prompts = list(prompts_of(read_conversations(inputs), per_turn))
     if not prompts:

@@ -4,7 +4,8 @@
 ONE line on stderr (the unit does not restart on it), a malformed command line included;
 65 = the loss or gradient norm became NaN or infinite (one line on stderr and in status.json's
 last_error; the newest checkpoint is the last good one); 1 with one line = a vLLM target server
-failed (--target-servers: the unit's restart resumes once it answers again); anything else propagates as a traceback
+failed (--target-servers: the unit's restart resumes once it answers again; a server of another model
+is 78); anything else propagates as a traceback
 (for the journal) after the rank (trainer.run_rank) has recorded it in status.json.
 What runs after parsing (check, plan, one process or a node) is launch.run's choice.
 """

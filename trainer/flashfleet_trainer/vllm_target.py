@@ -16,7 +16,8 @@ sequence's hidden states at the layers it was started for to a safetensors file 
     ServerCheck   --server-check-every: one sequence's features against this process's own target
 
 A server that dies or answers wrongly stops the run with TargetServerError (exit 1: the unit's
-restart policy resumes from the newest checkpoint once the server is back).
+restart policy resumes from the newest checkpoint once the server is back). One that serves another
+model, or something that is no vLLM server at all, is a ConfigError (exit 78): no restart fixes it.
 """
 
 import fcntl
@@ -34,7 +35,7 @@ import torch
 from flashfleet.contract.messages import TARGET_SERVER
 
 from .config import parse_devices, settings_view
-from .errors import TargetServerError, UnreachableServerError
+from .errors import ConfigError, TargetServerError, UnreachableServerError
 from .feed import Features, pad_batch, wants_final_state
 from .vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
 
@@ -79,16 +80,22 @@ class Server:
         req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
-                return json.loads(r.read())
+                answer = json.loads(r.read())
         except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:300]
+            detail = " ".join(e.read().decode(errors="replace")[:300].split())  # one line, an HTML page too
             raise TargetServerError(f"{TARGET_SERVER} {self.url}{path} answered HTTP {e.code}: {detail}") from e
         except (OSError, http.client.HTTPException) as e:  # refused, reset, cut short, timed out
             raise UnreachableServerError(f"{TARGET_SERVER} {self.url} unreachable or failed during {path} "
                                     f"({type(e).__name__}: {e})") from e
-        except ValueError as e:  # an answer that is not JSON: something else listens there
-            raise TargetServerError(f"{TARGET_SERVER} {self.url}{path} answered something not JSON ({e}): "
-                                    "is a vLLM server listening there?") from e
+        except ValueError as e:  # not JSON (an HTML page): something else listens there
+            answer = e
+        if not isinstance(answer, dict):
+            # vLLM answers every request with a JSON object: no restart of ours makes this one do so
+            raise ConfigError(f"{TARGET_SERVER} {self.url}{path} answered something not a JSON object "
+                              f"({' '.join(str(answer).split())[:80]}): that is no vLLM server",
+                              "point the URL at the vLLM server's http://HOST:PORT (dflash-train --serve-config "
+                              "prints how to start it)")
+        return answer
 
     def connect(self) -> "Server":
         """Ask the server its version and model (a server still loading is unreachable)."""
@@ -173,8 +180,11 @@ def check_hidden(tensors: dict, sent, want_ids, url: str, hidden: int | None = N
         raise TargetServerError(f"{where} returned states of another sequence ({h.shape[0]} tokens for "
                                 f"{len(sent)} sent)")
     if hidden is not None and h.shape[-1] != hidden:
-        raise TargetServerError(f"{where} returned states {h.shape[-1]} wide, the target's are {hidden}: it serves "
-                                "another model than --target-model")
+        # A server of another model: a restart of the trainer cannot fix it (exit 78, not 1)
+        raise ConfigError(f"{where} returned states {h.shape[-1]} wide, the target's are {hidden}: it serves "
+                          "another model than --target-model",
+                          "start the server with the --target-model's directory, or pass --target-model of the "
+                          "model it serves")
     if not torch.isfinite(h).all():
         raise TargetServerError(f"{where} returned non-finite hidden states")
     flat = h.transpose(0, 1).reshape(h.shape[1], -1)
@@ -404,15 +414,35 @@ def main(argv=None) -> int:
     import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog="dflash-vllm-probe", description=main.__doc__.split(":")[0])
+    import math
+
+    from flashfleet.contract.messages import EX_CONFIG
+
+    from .config import CliParser
+
+    p = CliParser(prog="dflash-vllm-probe", description=main.__doc__.split(":")[0],
+                  epilog="Exit codes: 0 ready; 1 unreachable or answering wrongly (one line); 78 a bad argument "
+                         "or a server that can never pass (one line)")
     p.add_argument("url")
     p.add_argument("--layers", required=True, help="vLLM layer ids the server must extract, e.g. 3,4")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the server to answer")
-    a = p.parse_args(argv)
-    want = [int(x) for x in a.layers.split(",")]
-    server = Server(parse_servers(a.url)[0])
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the server to answer (>= 0)")
     try:
+        a = p.parse_args(argv)
+        try:
+            want = [int(x) for x in a.layers.split(",")]
+            urls = parse_servers(a.url)
+        except ValueError as e:
+            raise ConfigError(f"dflash-vllm-probe {a.url} --layers {a.layers}: {e}",
+                              "pass one http://HOST:PORT and --layers of vLLM ids, e.g. --layers 3,4") from e
+        if len(urls) != 1 or min(want) < 0 or not (math.isfinite(a.timeout) and a.timeout >= 0):
+            raise ConfigError(f"dflash-vllm-probe {a.url} --layers {a.layers} --timeout {a.timeout}: one URL, "
+                              "layer ids >= 0 and a finite --timeout >= 0 are needed", "e.g. dflash-vllm-probe "
+                              "http://127.0.0.1:8100 --layers 3,4 --timeout 600")
+        server = Server(urls[0])
         seconds = probe_until(server, want, time.monotonic() + a.timeout, log=lambda s: print(s, flush=True))
+    except ConfigError as e:
+        print(e.line(), file=sys.stderr, flush=True)
+        return EX_CONFIG
     except TargetServerError as e:
         print(f"dflash-vllm-probe: {e}", file=sys.stderr, flush=True)
         return 1

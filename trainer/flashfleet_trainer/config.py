@@ -35,13 +35,16 @@ from .errors import ConfigError
 # ---- the definition ------------------------------------------------------------------------------
 
 def setting(default, doc: str, *, group: str, ge=None, gt=None, le=None, lt=None, choices=None,
-            note: str = "", example=None, fix: str = "", metavar: str | None = None, required: bool = False):
+            note: str = "", example=None, fix: str = "", metavar: str | None = None, required: bool = False,
+            most=None):
     """One field of RunConfig. `ge`/`gt`/`le`/`lt` bound a number (None: unbounded on that side),
+    `most` is the largest value the libraries take (a limit of the implementation, not of the meaning),
     `choices` a string; `note` names what a special value means ("0 = off"), shown after the range;
     the refusal of an out-of-range value says `fix`, else suggests `example` (default: the default)."""
     return dataclasses.field(default=default, metadata=dict(
         doc=doc, group=group, ge=ge, gt=gt, le=le, lt=lt, choices=choices, note=note,
-        example=default if example is None else example, fix=fix, metavar=metavar, required=required))
+        example=default if example is None else example, fix=fix, metavar=metavar, required=required,
+        most=most))
 
 
 DROP = "drop it for the target's default"
@@ -133,8 +136,10 @@ class RunConfig:
                                   note="0 = none")
     grad_accum: int = setting(1, "micro-batches per optimizer step", group="optimisation", ge=1)
     grad_clip: float = setting(1.0, "global grad-norm clip", group="optimisation", ge=0, note="0 = off")
+    # most: torch.manual_seed overflows past 64 bits (after --check said ok); 32 bits every seeded
+    # library here takes.
     seed: int = setting(0, "seeds init, shuffling (with the epoch), anchors and noise", group="optimisation",
-                        ge=0)
+                        ge=0, most=2**32 - 1)
 
     # data and packing
     token_budget: int = setting(65536, "max tokens per micro-batch (sum of packed sequence lengths; "
@@ -325,18 +330,23 @@ def rule(f: dataclasses.Field) -> str:
 
 
 def help_text(f: dataclasses.Field) -> str:
-    extra = "; ".join(x for x in (rule(f), f.metadata["note"]) if x)
+    most = f"at most {f.metadata['most']}" if f.metadata["most"] is not None else ""
+    extra = "; ".join(x for x in (rule(f), most, f.metadata["note"]) if x)
     return f.metadata["doc"] + (f" ({extra})" if extra else "")
 
 
 # ---- generated: the command line ---------------------------------------------------------------
 
-class _Parser(argparse.ArgumentParser):
+class CliParser(argparse.ArgumentParser):
     """argparse whose usage errors (unknown flag, missing or malformed value) are ConfigErrors: one
-    line and exit 78 like every other refused start, not argparse's usage block and exit 2."""
+    line and exit 78 like every other refused start, not argparse's usage block and exit 2. Every
+    entry point's parser (and its subcommands': argparse makes them of this class too)."""
 
     def error(self, message):
-        raise ConfigError(message, "see dflash-train --help")
+        raise ConfigError(message, f"see {self.prog.split()[0]} --help")
+
+
+_Parser = CliParser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -488,6 +498,8 @@ def check_bounds(args) -> None:
                   and (m["le"] is None or v <= m["le"]) and (m["lt"] is None or v < m["lt"]))
         if not inside:
             raise ConfigError(f"{name} {v}: must be {rule(f)}", m["fix"] or f"e.g. {name} {m['example']}")
+        if m["most"] is not None and v > m["most"]:
+            raise ConfigError(f"{name} {v}: must be {rule(f)} and at most {m['most']}", f"e.g. {name} {m['example']}")
 
 
 def check_rules(args) -> None:

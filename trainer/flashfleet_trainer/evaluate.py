@@ -45,8 +45,8 @@ set. `dflash-eval --prompts A.jsonl B.jsonl` reports tau per set and over all of
 drafter of the same format) the same way.
 """
 
-import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -385,12 +385,12 @@ def main(argv=None):
     from flashfleet.contract.messages import EX_CONFIG
 
     from .checkpoint import complete_checkpoints
-    from .config import add_setting, check_bounds
+    from .config import CliParser, add_setting, check_bounds
     from .drafter import load_drafter
     from .errors import ConfigError
     from .target import HiddenStateProducer
 
-    p = argparse.ArgumentParser(prog="dflash-eval", description="Measure the real acceptance length tau of a "
+    p = CliParser(prog="dflash-eval", description="Measure the real acceptance length tau of a "
                                 "drafter by speculative decoding with the target (CPU or one GPU), greedy or sampled, "
                                 "per prompt set. Prints one JSON line: tau_pooled (= tau: all committed tokens / all "
                                 "cycles), tau_prompt_mean (the mean of per-prompt tau, the published figure), "
@@ -419,10 +419,12 @@ def main(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--prompts-out", default=None, metavar="FILE", help="also write the prompts evaluated, a JSON "
                    "list of token id lists in set order (what vllm_serve_check asks vLLM)")
-    a = p.parse_args(argv)
     try:
+        a = p.parse_args(argv)
         if a.run_config:
             run = json.loads(Path(a.run_config).read_text())
+            if not isinstance(run, dict):
+                raise ValueError(f"--run-config {a.run_config} is not a JSON object")
             a.target_model = a.target_model or run.get("target_model")
             a.prompts = a.prompts or [str(run_prompts_path(run.get("eval_prompts"), run.get("data_dir", ".")))]
         if not a.target_model or not a.prompts:
@@ -432,14 +434,20 @@ def main(argv=None):
         if a.num_prompts < 1:
             raise ValueError(f"--num-prompts {a.num_prompts} must be >= 1")
         sets = load_prompt_sets(a.prompts, a.num_prompts, _tokenizer_of(a.target_model))
+        torch.device(a.device)  # a malformed --device: refused now, not after the target loaded
+        if a.prompts_out:  # written at the end: a path that cannot take it is refused before the work
+            out = Path(a.prompts_out)
+            if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+                raise ValueError(f"--prompts-out {out}: not a writable file path (a directory, or no such directory)")
     except ConfigError as e:
         print(e.line(), file=sys.stderr)
         return EX_CONFIG
     except PromptError as e:
         print(ConfigError(e.what, e.fix).line(), file=sys.stderr)
         return EX_CONFIG
-    except (ValueError, OSError) as e:
-        print(ConfigError(str(e), "give values in range and files that exist (dflash-eval --help)").line(),
+    except (ValueError, OSError, RuntimeError) as e:  # RuntimeError: torch.device's refusal
+        print(ConfigError(str(e).splitlines()[0] if str(e) else type(e).__name__,
+                          "give values in range and files that exist (dflash-eval --help)").line(),
               file=sys.stderr)
         return EX_CONFIG
     if a.random_drafter:
@@ -468,9 +476,15 @@ def main(argv=None):
         if ckpt is None:
             found = complete_checkpoints(Path(a.output_dir or ".") / layout.CHECKPOINTS)
             if not found:
-                print("dflash-eval: no complete checkpoint found", file=sys.stderr)
-                return 78
+                print(ConfigError(f"no complete checkpoint under --output-dir {a.output_dir or '.'}",
+                                  "pass --output-dir of a run that saved one, --checkpoint, or --drafter").line(),
+                      file=sys.stderr)
+                return EX_CONFIG
             ckpt = found[-1]
+        elif not Path(ckpt).is_dir():
+            print(ConfigError(f"--checkpoint {ckpt}: not a directory", "pass checkpoints/step-XXXXXXXX of a run").line(),
+                  file=sys.stderr)
+            return EX_CONFIG
         drafter = load_drafter(ckpt, a.device)
     producer = HiddenStateProducer(a.target_model, [a.device], drafter.config.target_layer_ids, a.device)
     res = speculative_tau(producer, drafter, sets, drafter.config.block_size, a.eval_max_new_tokens,

@@ -4,7 +4,9 @@ start loads its target (roles/train_unit/tasks/start.yml and start_poll.yml).
 systemd is not reachable here, so `systemctl` and `journalctl` on the play's PATH are fakes (a
 fixture): `systemctl start` does what a Type=notify start does for the play, it blocks while a
 fake trainer writes status.json (phase loading, the contract's `load` record growing shard by
-shard) and returns at READY, or fails as systemctl does when the trainer dies; `systemctl show`
+shard) and returns at READY, or fails as systemctl does when the trainer dies. The fake loads its
+next shard only once the play has shown the last (tests/conftest.py's wait_for_report), so what
+the lines show does not depend on how busy the machine is; `systemctl show`
 reports the unit's state and `journalctl` this invocation's journal. The real unit is exercised by
 the Molecule `launch` scenario. The role's own task files run unchanged, on this machine (local
 connection).
@@ -18,15 +20,17 @@ import re
 import sys
 import textwrap
 
-from tests.conftest import failure_messages, local_inventory
+from tests.conftest import ROOT, failure_messages, local_inventory
 
 FAKE_SYSTEMCTL = '''\
 #!{python}
 """A fake systemctl for one Type=notify unit; its state is {state} (JSON)."""
 import json, os, sys, time
 
-STATE, STATUS, JOURNAL = {state!r}, {status!r}, {journal!r}
-LOAD_S, FAIL = {load_s!r}, {fail!r}
+STATE, STATUS, JOURNAL, PDD = {state!r}, {status!r}, {journal!r}, {pdd!r}
+SHARDS_SHOWN, FAIL = {shards_shown!r}, {fail!r}
+sys.path.insert(0, {root!r})
+from tests.conftest import wait_for_report
 GIB = 2 ** 30
 
 
@@ -56,13 +60,14 @@ if cmd == "show":
 elif cmd in ("start", "restart"):
     save(ActiveState="activating", SubState="start", InvocationID="0123abcd", Result="success")
     shards, size = 4, 3 * GIB
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < LOAD_S:
-        frac = (time.monotonic() - t0) / LOAD_S
+    # one shard more only once the play has shown the last: the load goes at the poll's pace
+    for k in range(1, SHARDS_SHOWN + 1):
         write_status(phase="loading", step=0, ready=False, load={{
-            "shards_loaded": int(frac * shards), "shards_total": shards, "bytes_loaded": int(frac * shards * size),
-            "bytes_total": shards * size, "elapsed_s": round(time.monotonic() - t0, 1), "done": False}})
-        time.sleep(1)
+            "shards_loaded": k, "shards_total": shards, "bytes_loaded": k * size, "bytes_total": shards * size,
+            "elapsed_s": float(k), "done": False}})
+        if not wait_for_report(PDD, "Say how the start goes", f"; target {{k}}/4 shards"):
+            FAIL = True  # the play never showed this shard: fail the start, and so the test
+            break
     if FAIL:
         open(JOURNAL, "a").write("loading the target\\nsafetensors_rust.SafetensorError: "
                                  "Error while deserializing header: HeaderTooLarge\\n")
@@ -81,7 +86,7 @@ cat {journal}
 '''
 
 
-def _start(tmp_path, run_playbook, load_s: int, fail: bool):
+def _start(tmp_path, run_playbook, shards_shown: int, fail: bool):
     runs, fake = tmp_path / "runs", tmp_path / "bin"
     (runs / "v2").mkdir(parents=True)
     fake.mkdir()
@@ -91,7 +96,7 @@ def _start(tmp_path, run_playbook, load_s: int, fail: bool):
     journal.write_text("")
     (fake / "systemctl").write_text(FAKE_SYSTEMCTL.format(
         python=sys.executable, state=str(tmp_path / "unit.json"), status=str(status), journal=str(journal),
-        load_s=load_s, fail=fail))
+        pdd=str(run_playbook.private_data_dir), root=str(ROOT), shards_shown=shards_shown, fail=fail))
     (fake / "journalctl").write_text(FAKE_JOURNALCTL.format(journal=journal))
     for f in fake.iterdir():
         f.chmod(0o755)
@@ -120,27 +125,28 @@ def _progress(runner) -> list[str]:
 
 
 def test_a_slow_start_reports_elapsed_time_and_the_load_until_ready(tmp_path, run_playbook):
-    r = _start(tmp_path, run_playbook, load_s=15, fail=False)
+    r = _start(tmp_path, run_playbook, shards_shown=3, fail=False)
     assert r.rc == 0, "\n".join(failure_messages(r))
     lines = _progress(r)
-    assert len(lines) >= 3, lines  # 15 s of loading, a line every 2 s plus Ansible's own time per look
-    elapsed = [int(m) * 60 + int(s) for m, s in (re.search(r"starting, (\d+)m(\d+)s elapsed", x).groups() for x in lines)]
-    assert elapsed == sorted(elapsed) and elapsed[-1] > elapsed[0], lines
+    got = [re.match(r"run v2: starting, (\d+)m(\d\d)s elapsed; unit (activating/start|active/running); ", x) for x in lines]
     # the unit's own state (a look that slept through READY may see active/running)
-    assert all(re.match(r"run v2: starting, \d+m\d+s elapsed; unit (activating/start|active/running); ", x)
-               for x in lines), lines
-    assert sum("; unit activating/start; " in x for x in lines) >= 2, lines
+    assert all(got), lines
+    elapsed = [int(m.group(1)) * 60 + int(m.group(2)) for m in got]
+    # a look waits at least a second while the start runs: time grows between the first line and the last
+    assert elapsed == sorted(elapsed) and elapsed[-1] > elapsed[0], lines
     loading = [x for x in lines if "phase loading; target " in x]
-    assert len(loading) >= 2, lines
+    shards = [int(re.search(r"target (\d)/4 shards, ", x).group(1)) for x in loading]
     gib = [float(re.search(r"target \d/4 shards, ([\d.]+)/12\.00 GiB \(\d+%\)", x).group(1)) for x in loading]
-    assert gib == sorted(gib) and gib[-1] > gib[0], loading
+    # each shard shown as the load went (the fake waited for each), in order, while still activating
+    assert shards == sorted(shards) and set(shards) == {1, 2, 3} and gib == sorted(gib), loading
+    assert all("; unit activating/start; " in x for x in loading), loading
     # the previous start's status.json (phase stopped) is never passed off as this start's
     assert not any("phase stopped" in x for x in lines), lines
-    assert "run v2: starting, 0m" in r.stdout.read()  # in the play's own output, not only in events
+    assert re.search(r"run v2: starting, \d+m\d\ds elapsed", r.stdout.read())  # in the play's own output
 
 
 def test_a_failing_start_fails_with_the_exception_and_the_units_result(tmp_path, run_playbook):
-    r = _start(tmp_path, run_playbook, load_s=5, fail=True)
+    r = _start(tmp_path, run_playbook, shards_shown=1, fail=True)
     assert r.rc != 0
     fatal = [m for m in failure_messages(r) if "did not start" in m]
     assert fatal == [
@@ -148,4 +154,4 @@ def test_a_failing_start_fails_with_the_exception_and_the_units_result(tmp_path,
         "HeaderTooLarge | unit flashfleet-train@v2.service: Result=exit-code, exit status 1, restarts 0, "
         "now failed/failed | full log: journalctl -u flashfleet-train@v2.service -b --no-pager; "
         "why: ansible-playbook diagnose.yml -e run=v2"], failure_messages(r)
-    assert len(_progress(r)) >= 1
+    assert any("; target 1/4 shards, " in x for x in _progress(r)), _progress(r)  # shown before it failed

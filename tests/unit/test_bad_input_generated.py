@@ -550,7 +550,7 @@ def test_eval_bad_input(data, trainer_tiny, sentinel, tmp_path, capsys, no_targe
 
 @gen_settings(2)
 @given(case=st.tuples(st.sampled_from(["run", "missing", "file", "under-file", "empty-dir", "empty"]),
-                      st.sampled_from(["run", "inside", "above", "file", "under-file", "fresh"]),
+                      st.sampled_from(["run", "checkpoints", "run-file", "above", "file", "under-file", "fresh"]),
                       st.booleans()))
 def test_export_bad_input(case, run_dir, tmp_path, capsys, no_target_load):  # noqa: F811
     from flashfleet_trainer.export import main
@@ -560,7 +560,8 @@ def test_export_bad_input(case, run_dir, tmp_path, capsys, no_target_load):  # n
     if src_kind == "run" and out_kind == "fresh":
         return  # a good export: not this property's
     source = run_dir if src_kind == "run" else paths[src_kind]
-    out = {"run": run_dir, "inside": run_dir / "x", "above": tmp_path, "fresh": tmp_path / "fresh"}.get(
+    out = {"run": run_dir, "checkpoints": run_dir / "checkpoints" / "x", "run-file": run_dir / "status.json",
+           "above": tmp_path, "fresh": tmp_path / "fresh"}.get(
         out_kind) or paths[out_kind]
     refused(lambda: main([str(source), str(out), *(["--force"] if force else [])]), [tmp_path], capsys)
 

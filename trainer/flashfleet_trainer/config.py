@@ -492,6 +492,8 @@ def check_bounds(args) -> None:
         v, m, name = getattr(args, f.name, None), f.metadata, flag(f.name)
         if v is None or base_type(f) not in (int, float):
             continue
+        if isinstance(v, bool) or not isinstance(v, int | float):  # `--lr=--` gives argparse's [] (dflash-eval)
+            raise ConfigError(f"{name} {v!r} is not a number", f"pass {name} as a number, e.g. {m['example']}")
         if not math.isfinite(v):
             raise ConfigError(f"{name} {v} is not a finite number", f"pass {name} as a finite number")
         inside = ((m["ge"] is None or v >= m["ge"]) and (m["gt"] is None or v > m["gt"])

@@ -66,7 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         v, flag = getattr(a, dest, None), "--" + dest.replace("_", "-")
         if v is None:
             continue  # not a flag of this subcommand
-        if not math.isfinite(v) or v < lo or (open_lo and v == lo) or (hi is not None and v > hi):
+        number = isinstance(v, int | float) and math.isfinite(v)  # `--max-len=--` gives argparse's []
+        if not number or v < lo or (open_lo and v == lo) or (hi is not None and v > hi):
             rng = f"{'>' if open_lo else '>='} {lo}" + (f" and <= {hi}" if hi is not None else "")
             raise ConfigError(f"{flag} {v}: must be a finite number {rng}", f"e.g. {flag} {p_default(p, a, dest)}")
     return a

@@ -20,20 +20,8 @@ PLACES = {"journal", "systemd", "kernel", "gpu"}
 
 # The cases the classifier gets wrong (not right by ow.judge). Remove an id when it is fixed.
 KNOWN_MISSES = (
-    "cuda-invalid-device-function-segv",
-    "cuda-no-capable-device",
     "enoent-training-annotations",
-    "glibcxx-3430-not-found",
     "hf-hub-429-rate-limited",
-    "nccl-ib-completion-error-4-local-protection",
-    "nccl-ib-completion-status-12",
-    "nccl-invalid-usage-duplicate-gpu",
-    "numpy-array-memory-error",
-    "rendezvous-closed-peer-agent",
-    "sigfpe-wrapper-script",
-    "state-dict-unexpected-keys",
-    "torchrun-sighup-forwarded",
-    "torchrun-sigint-forwarded",
 )
 
 

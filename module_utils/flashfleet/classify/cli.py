@@ -11,6 +11,10 @@ collect.yml brought home:
 
 (`python -m flashfleet.classify ...` is the same without the console script.)
 
+Exit status: 0; 1 when an evidence file could not be classified (empty, not JSON, not the shape
+flashfleet_evidence writes): its host is a `no-evidence` row naming the file and why, also said on
+stderr, and every other host is still classified; 2 for no arguments or a directory without evidence.
+
 Rules (see docs/diagnosis.md): one verdict per host, the most specific one the evidence proves,
 with the lines that prove it, a next step (a sentence) and an action (machine-readable, ACTIONS).
 Every source of the evidence is read: systemd's record and messages, the trainer's output (whole
@@ -121,6 +125,49 @@ def shape_problem(evidence: dict) -> str | None:
     return None
 
 
+def _no_evidence(path: Path, why: str) -> dict:
+    """The row of a host whose evidence file cannot be classified, its reason also on stderr: the
+    other hosts are still classified (one bad file must not hide their verdicts)."""
+    print(f"{path}: {why}", file=sys.stderr)
+    return {"host": path.parent.name, "verdict": "no-evidence", "action": VERDICT_ACTIONS["no-evidence"],
+            "step": None, "newest_checkpoint": None, "reason": f"{path}: {why}"}
+
+
+def _crash_site(exc: Exception) -> str:
+    """Where in the classifier `exc` was raised (module.function), for the owner of that reader."""
+    tb = exc.__traceback__
+    site = "classify"
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if module.startswith("flashfleet."):
+            site = f"{module.removeprefix('flashfleet.')}.{tb.tb_frame.f_code.co_name}"
+        tb = tb.tb_next
+    return site
+
+
+def _classify_file(path: Path) -> dict:
+    try:
+        evidence = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON, empty
+        return _no_evidence(path, f"cannot read evidence: {exc or type(exc).__name__} (fix: collect it again with"
+                                  " diagnose.yml or collect.yml)")
+    if not isinstance(evidence, dict):
+        return _no_evidence(path, f"not evidence: a JSON {type(evidence).__name__}, not an object (fix: collect it"
+                                  " again with diagnose.yml or collect.yml)")
+    problem = shape_problem(evidence)
+    if problem:
+        return _no_evidence(path, f"not evidence: {problem} (fix: collect it again with diagnose.yml or collect.yml;"
+                                  " an edited file must keep the shape flashfleet_evidence writes)")
+    try:
+        result = classify(evidence)
+    except Exception as exc:  # noqa: BLE001 - a reader's bug on odd evidence must not hide the other hosts
+        return _no_evidence(path, f"the classifier failed on this evidence ({_crash_site(exc)}:"
+                                  f" {type(exc).__name__}: {exc}); report it with the file")
+    if not result.get("host"):
+        result["host"] = path.parent.name
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
@@ -133,26 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{arg}: no evidence.json there or in its host directories (fix: run diagnose.yml or "
                   "collect.yml for the run first, then pass runs/<run> or a host's evidence.json)", file=sys.stderr)
             return 2
-    results = []
-    for path in _evidence_files(argv):
-        try:
-            evidence = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            print(f"{path}: cannot read evidence: {exc}", file=sys.stderr)
-            return 1
-        if not isinstance(evidence, dict):
-            print(f"{path}: not evidence: a JSON {type(evidence).__name__}, not an object (fix: collect it "
-                  "again with diagnose.yml or collect.yml)", file=sys.stderr)
-            return 1
-        problem = shape_problem(evidence)
-        if problem:
-            print(f"{path}: not evidence: {problem} (fix: collect it again with diagnose.yml or collect.yml; "
-                  "an edited file must keep the shape flashfleet_evidence writes)", file=sys.stderr)
-            return 1
-        result = classify(evidence)
-        if not result.get("host"):
-            result["host"] = path.parent.name
-        results.append(result)
+    results = [_classify_file(path) for path in _evidence_files(argv)]
     if as_json:
         print(json.dumps(results if len(results) != 1 else results[0], indent=2, sort_keys=True))
     else:
@@ -170,5 +198,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  action: {r['action']}")
             for w in r.get("warnings") or []:
                 print(f"  warning: {w}")
-    return 0
+    # classify() never says no-evidence itself: such a row is a file that could not be classified.
+    return 1 if any(r["verdict"] == "no-evidence" for r in results) else 0
 

@@ -65,6 +65,11 @@ from .signatures import (
 )
 
 
+# The catalogues whose entries name a library's own failure: searched in the whole tail of the output,
+# where the generic ones (an errno's message, an HTTP status) are read only in the lines that failed.
+LIBRARY_LAYERS = {"nccl", "cuda", "cublas", "cudnn", "triton", "python"}
+
+
 class Death:
     """One invocation's end and its evidence, as the rules read it."""
 
@@ -159,6 +164,11 @@ class Death:
             entry = catalogues.lookup(strip_prefix(text))
             if entry is not None:
                 return entry, text
+        if self.exc is None:  # a library's own line need not say "error" (NCCL's `Got completion ... status=12`)
+            for _, text in reversed(self.app[-50:]):
+                entry = catalogues.lookup(strip_prefix(text))
+                if entry is not None and entry.layer in LIBRARY_LAYERS:
+                    return entry, text
         return None
 
     @cached_property
@@ -530,6 +540,14 @@ def nccl_error(d: Death) -> Finding | None:
     if not (nccl and (exc is None or exc["index"] >= nccl["index"] - 3 or RE_NCCL_ERROR.search(exc["text"]))):
         return None
     last = f"; Last error: {nccl['last_error']}" if nccl["last_error"] else "; NCCL gave no Last error"
+    # the code's own entry (catalogues/nccl.py) says what it is where the Last error said nothing
+    wanted = {"nccl-error", "nccl-timeout"}
+    entry = (nccl["last_error"] and catalogues.lookup(nccl["last_error"], verdicts=wanted)
+             or catalogues.lookup(nccl["text"], verdicts=wanted))
+    if entry is not None and nccl["action"] == "investigate":
+        return Finding(entry.verdict, f"{nccl['text'][:500]}{'' if nccl['last_error'] else last}; {entry.said} "
+                       f"({d.exit_desc}){d.host_note}", d.base + nccl["lines"], action=entry.action,
+                       nccl_code=nccl["code"], last_error=nccl["last_error"])
     return Finding("nccl-error", f"{nccl['text'][:500]}{'' if nccl['last_error'] else last} ({d.exit_desc}){d.host_note}",
                    d.base + nccl["lines"], action=nccl["action"], nccl_code=nccl["code"], last_error=nccl["last_error"])
 
@@ -586,9 +604,10 @@ def layer_catalogue(d: Death) -> Finding | None:
     if d.catalogued is None:
         return None
     entry, text = d.catalogued
-    if entry.verdict in ("crash", "killed-by-signal") or entry.verdict not in VERDICTS and not entry.verdict.startswith("gpu-xid-"):
+    if entry.verdict == "crash" or entry.verdict not in VERDICTS:
         return None
-    lines = d.exc["lines"] if d.exc else [jline(ts, line) for ts, line in d.app if line == text][-1:]
+    at = next((i for i in range(len(d.app) - 1, -1, -1) if d.app[i][1] == text), None)
+    lines = d.exc["lines"] if d.exc else [jline(*x) for x in d.app[at:at + 3]] if at is not None else []
     return Finding(entry.verdict, f"{entry.said} (the output: {strip_prefix(text).strip()[:400]}; "
                    f"{d.exit_desc}){d.host_note}", d.base + lines, action=entry.action, catalogue=entry.layer)
 
@@ -659,11 +678,13 @@ def crash(d: Death) -> Finding | None:
                       f"({exit_desc}){xid_note}{host_note}" if specific else
                       f"{exit_desc}, no output from the trainer{xid_note}{host_note}")
             exc = {"lines": [jline(*x) for x in specific]} if specific else None
-    cited = d.catalogued or ((d.signal_entry, d.exit_desc) if d.signal_entry else None)
+    xid_entry = next((e for x in app_xids[-1:] for e in catalogues.CATALOGUES["xid"] if e.number == x["code"]), None)
+    cited = (d.catalogued or ((xid_entry, app_xids[-1]["line"]) if xid_entry else None)
+             or ((d.signal_entry, d.exit_desc) if d.signal_entry else None))
     if cited:  # the layer's own catalogue names it, and says what it means where no hint did
         entry, _ = cited
-        if not hint:
-            hint, action = entry.said, entry.action
+        if not hint:  # an entry that asks nothing (an informational Xid) leaves the death to investigate
+            hint, action = entry.said, (entry.action if entry.action != "none" else "investigate")
         if entry.name not in reason:
             reason += f"; {entry.said}"
     if not hint and not d.exc:  # never "fix the exception shown" where there is none

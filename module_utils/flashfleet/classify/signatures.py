@@ -9,6 +9,7 @@ import re
 
 from ..contract import layout, messages
 from .catalogues import systemd as systemd_catalogue
+from .catalogues import xid as xid_catalogue
 
 # diagnosis.json's schema. 2: `action` beside `next_step`; verdicts native-crash, driver-mismatch,
 # driver-too-old, gpu-unavailable, toolchain-error, nccl-error, start-limit-hit, start-timeout,
@@ -93,46 +94,13 @@ VERDICT_ACTIONS = {
 # GPU actions, mildest first: with several Xids (or a Xid 154) the strongest one wins.
 GPU_ACTION_ORDER = ("none", "restart-app", "reset-gpu", "reboot-node", "drain-contact-support")
 
-# The Xids this classifier knows: kind, NVIDIA's immediate-action bucket, our action, mnemonic.
-# Source: NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, "Resolution Bucket (Immediate
-# Action)"), as NVIDIA's NVSentinel encodes it (distros/kubernetes/nvsentinel/charts/
-# gpu-health-monitor/xiderrorsmapping.csv); NVIDIA Health Validation marks 46 and 48 critical
-# (drain, reset, service). WORKFLOW_* buckets are mapped to the action their workflow starts with.
+# The Xids this classifier knows, code -> (kind, NVIDIA's immediate-action bucket, our action,
+# mnemonic): NVIDIA's whole Xid catalog, whose one owner is catalogues/xid.py (its sources there).
 # kind: "application" (the program's own fault: a crash verdict names it), "hardware" (outranks
 # the crash it causes), "info" (IGNORE: listed, never the verdict), "recovery" (Xid 154 names the
 # driver's recovery action itself).
-XID_CATALOG = {
-    8: ("application", "RESTART_APP", "restart-app", "ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT"),
-    13: ("application", "RESTART_APP", "restart-app", "ROBUST_CHANNEL_GR_EXCEPTION"),
-    31: ("application", "RESTART_APP", "restart-app", "ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT"),
-    43: ("application", "IGNORE", "restart-app", "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR"),
-    45: ("application", "WORKFLOW_XID_45", "restart-app", "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL"),
-    46: ("hardware", "RESET_GPU", "reset-gpu", "ROBUST_CHANNEL_GPU_TIMEOUT_ERROR"),
-    48: ("hardware", "WORKFLOW_XID_48", "reset-gpu", "ROBUST_CHANNEL_GPU_ECC_DBE"),
-    62: ("hardware", "RESET_GPU", "reset-gpu", "PMU_HALT_ERROR"),
-    63: ("info", "IGNORE", "none", "INFOROM_DRAM_RETIREMENT_EVENT"),
-    64: ("hardware", "RESET_GPU", "reset-gpu", "INFOROM_DRAM_RETIREMENT_FAILURE"),
-    74: ("hardware", "WORKFLOW_NVLINK_ERR", "reset-gpu", "NVLINK_ERROR"),
-    79: ("hardware", "RESTART_BM", "reboot-node", "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"),
-    92: ("info", "IGNORE", "none", "EXCESSIVE_SBE_INTERRUPTS"),
-    94: ("hardware", "RESTART_APP", "restart-app", "ROBUST_CHANNEL_CONTAINED_ERROR"),
-    95: ("hardware", "RESET_GPU", "reset-gpu", "ROBUST_CHANNEL_UNCONTAINED_ERROR"),
-    109: ("hardware", "RESET_GPU", "reset-gpu", "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR"),
-    110: ("hardware", "RESET_GPU", "reset-gpu", "SEC_FAULT_ERROR"),
-    119: ("hardware", "RESET_GPU", "reset-gpu", "GSP_RPC_TIMEOUT"),
-    120: ("hardware", "RESET_GPU", "reset-gpu", "GSP_ERROR"),
-    136: ("hardware", "RESET_GPU", "reset-gpu", "ALI_TRAINING_FAIL"),
-    140: ("hardware", "RESET_GPU", "reset-gpu", "UNRECOVERABLE_ECC_ERROR_ESCAPE"),
-    143: ("hardware", "RESET_GPU", "reset-gpu", "GPU_INIT_ERROR"),
-    **{code: ("hardware", "WORKFLOW_NVLINK5_ERR", "drain-contact-support", mnemonic) for code, mnemonic in (
-        (144, "NVLINK_SAW_ERROR"), (145, "NVLINK_RLW_ERROR"), (146, "NVLINK_TLW_ERROR"), (147, "NVLINK_TREX_ERROR"),
-        (148, "NVLINK_NVLPW_CTRL_ERROR"), (149, "NVLINK_NETIR_ERROR"), (150, "NVLINK_MSE_ERROR"))},
-    154: ("recovery", "XID_154", "reset-gpu", "GPU_RECOVERY_ACTION_CHANGED"),
-    155: ("hardware", "RESET_GPU", "reset-gpu", "NVLINK_SW_DEFINED_ERROR"),
-    156: ("hardware", "RESET_GPU", "reset-gpu", "RESOURCE_RETIREMENT_EVENT"),
-    158: ("hardware", "RESET_GPU", "reset-gpu", "GPU_FATAL_TIMEOUT"),
-    160: ("hardware", "RESTART_BM", "reboot-node", "CHANNEL_RETIREMENT_EVENT"),
-}
+XID_CATALOG = {e.number: (e.extra["kind"], e.extra["bucket"], e.action, e.extra["mnemonic"])
+               for e in xid_catalogue.ENTRIES}
 XID_APPLICATION = {c for c, (kind, *_rest) in XID_CATALOG.items() if kind == "application"}
 XID_HARDWARE = {c for c, (kind, *_rest) in XID_CATALOG.items() if kind in ("hardware", "recovery")}
 

@@ -8,29 +8,14 @@ refused") also appear inside theirs."""
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 
+from . import cuda, errno, http, kernel, nccl, python_exc, signals, systemd, triton, xid
 from .entry import Entry
 
-# (module, where its lines are read), in lookup order; a module not written yet is skipped.
-_MODULES = ("nccl", "cuda", "triton", "python_exc", "http", "errno", "signals", "systemd", "kernel", "xid")
-
-
-def _load() -> dict[str, tuple[Entry, ...]]:
-    out = {}
-    for name in _MODULES:
-        try:
-            module = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-            continue
-        out[name] = tuple(module.ENTRIES)
-    return out
-
-
-CATALOGUES = _load()
+# In lookup order (where each one's lines are read is its entries' `where`).
+CATALOGUES = {module.__name__.rsplit(".", 1)[-1]: tuple(module.ENTRIES)
+              for module in (nccl, cuda, triton, python_exc, http, errno, signals, systemd, kernel, xid)}
 ALL = tuple(e for entries in CATALOGUES.values() for e in entries)
 _BY_WHERE = {where: tuple(e for e in ALL if e.where == where) for where in ("journal", "kernel", "systemd")}
 
@@ -46,7 +31,9 @@ def lookup(text: str, where: str = "journal", verdicts: set[str] | None = None) 
 
 def sizes() -> list[tuple[str, int, Counter]]:
     """Each catalogue: its name, its size, and how many entries prove each verdict."""
-    return [(name, len(entries), Counter(e.verdict for e in entries)) for name, entries in CATALOGUES.items()]
+    def kind(verdict: str) -> str:
+        return "gpu-xid-<n>" if verdict.startswith("gpu-xid-") else verdict
+    return [(name, len(entries), Counter(kind(e.verdict) for e in entries)) for name, entries in CATALOGUES.items()]
 
 
 def main() -> int:

@@ -107,7 +107,8 @@ NOTES = {
 }
 
 # How libraries print a runtime error's message in front of it.
-_PREFIX = r"(?:CUDA (?:driver )?error: |Triton Error \[CUDA\]: |Cuda failure (?:\d+ )?'|\bError \d+: |cudaError\w+: )"
+_PREFIX = (r"(?:CUDA (?:driver )?error: |Triton Error \[CUDA\]: |Cuda failure (?:\d+ )?'|\bError \d+: |cudaError\w+: "
+           r"|cuda runtime error \(\d+\) : )")  # the last: torch before 1.0 (THCudaCheck)
 
 # torch's own words for two codes, beside the runtime's message.
 _TORCH_WORDS = {
@@ -284,7 +285,8 @@ def _runtime(number: int, name: str, message: str, group: str) -> Entry:
     spellings = [rf"\bcudaError{name}\b"]
     if number != 300:
         # the message alone, not a longer message it begins ("unspecified launch failure in prior launch")
-        spellings.append(_PREFIX + re.escape(message) + r"(?![ \t]+[a-z])")
+        # (old torch goes on with " at FILE:LINE")
+        spellings.append(_PREFIX + re.escape(message) + r"(?![ \t]+(?!at\b)[a-z])")
     if number in _TORCH_WORDS:
         spellings.append(_TORCH_WORDS[number])
     return Entry("cuda", f"cudaError{name}", re.compile("|".join(spellings)),

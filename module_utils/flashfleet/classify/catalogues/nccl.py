@@ -84,9 +84,11 @@ ENTRIES = (
     _result("ncclInvalidUsage", 5, "invalid usage (run with NCCL_DEBUG=WARN for details)", "nccl-error",
             "investigate", "NCCL was used wrongly (two ranks on one GPU, mismatched collectives across ranks, a "
             "communicator used after an abort); its WARN line says which"),
+    # The code alone cannot tell a peer that died from a network that failed: its `Last error:` can
+    # (the nccl_error rule reads it), so the code's own action is to look.
     _result("ncclRemoteError", 6, "remote process exited or there was a network error", "nccl-error",
-            "check-network", "a peer rank went away or the network between the nodes failed: find the rank that "
-            "died first, else check the links (IB/RoCE, sockets)"),
+            "investigate", "a peer rank went away or the network between the nodes failed: find the rank that "
+            "died first (diagnose every host), else check the links (IB/RoCE, sockets)"),
     _result("ncclInProgress", 7, "NCCL operation in progress", "nccl-error", "investigate",
             "a non-blocking NCCL call had not finished when its result was used"),
     _result("ncclTimeout", 8, "timeout", "nccl-timeout", "rerun",
@@ -111,7 +113,7 @@ ENTRIES = (
     Entry("nccl", "IBV_WC_LOC_PROT_ERR", re.compile(_ib_status(4)),
           "the NIC was refused access to the (GPU) buffer (IBV_WC_LOC_PROT_ERR, status 4): usually PCIe ACS left "
           "enabled, which breaks GPUDirect RDMA; disable ACS, or NCCL_NET_GDR_LEVEL=0 to confirm", "nccl-error",
-          "fix-config", NET_SOURCE,
+          "investigate", NET_SOURCE,
           f"{_WHERE} transport/net_ib.cc:1909 NCCL WARN " + _IB_SAMPLE.format(4, 81), number=4, key="status=4"),
     Entry("nccl", "IBV_WC_REM_ACCESS_ERR", re.compile(_ib_status(10)),
           "the peer's NIC refused the RDMA access (IBV_WC_REM_ACCESS_ERR, status 10): its memory registration is "

@@ -37,7 +37,7 @@ def _e(name: str, pattern: str, meaning: str, verdict: str, action: str, source:
 
 
 # An exception's class at the start of its line (after a launcher's `[rank3]: ` prefix) or after a space.
-_AT = r"(?:^|[\s:\]])"
+_AT = r"(?:^|[\s:\].])"  # a class name alone or module-qualified (numpy.core._exceptions.MemoryError)
 
 ENTRIES = (
     # --- the venv: what does not import
@@ -218,7 +218,17 @@ ENTRIES = (
        "failed. See inner exception for details."),
     _e("RendezvousClosedError", r"\bRendezvousClosedError\b",
        "the rendezvous was closed by another node (its agent finished or failed): that node explains the end",
-       "crash", "diagnose-peer", DIST, "torch.distributed.elastic.rendezvous.api.RendezvousClosedError"),
+       "peer-failure", "diagnose-peer", DIST, "torch.distributed.elastic.rendezvous.api.RendezvousClosedError"),
+    # torchrun's agent on a signal: it stops its workers with the same signal and exits
+    _e("death-signal", r"Received \d+ death signal, shutting down workers|SignalException: Process \d+ got signal",
+       "the launcher (torchrun's agent) received a signal from outside the run and stopped its workers: find who "
+       "sent it", "killed-by-signal", "rerun", DIST,
+       "torch.distributed.elastic.agent.server.api:Received 15 death signal, shutting down workers",
+       key="death signal"),
+    _e("state_dict-mismatch", r"Error\(s\) in loading state_dict for",
+       "a checkpoint of another shape or architecture was loaded into the model (a wrong resume or init-from path, "
+       "or a model configuration that changed since it was saved)", "crash", "fix-config", TORCH,
+       "RuntimeError: Error(s) in loading state_dict for DFlashDrafter:", key="Error(s) in loading state_dict"),
     _e("ChildFailedError", r"\bChildFailedError\b",
        "torchrun reports that a worker process failed; the root cause (rank, exit code or signal, its error) is in "
        "the lines that follow", "crash", "investigate", "PyTorch 2.x torch.distributed.elastic.multiprocessing.errors",

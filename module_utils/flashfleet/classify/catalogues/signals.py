@@ -53,5 +53,21 @@ def _entry(sig: _signal.Signals) -> Entry:
                  f"Main process exited, code=killed, status={num}/{short}", where="systemd", number=num)
 
 
-ENTRIES = tuple(_entry(s) for s in sorted(_signal.Signals, key=int)
-                if s.name not in NEVER_KILL and not s.name.startswith("SIGRT") and int(s) < 32)
+# A shell, or a launcher, reports its child's crash signal in strsignal(3)'s words: "Segmentation fault
+# (core dumped)", or the words alone on their line ("Aborted" elsewhere is too common a word). That line
+# is the native crash's own evidence.
+CRASH_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP", "SIGSYS")
+
+
+def _shell_entry(sig: _signal.Signals) -> Entry:
+    name, words = sig.name, _signal.strsignal(sig)
+    _verdict, action, meaning = MEANINGS[name]
+    return Entry("signal", f"{name} (child)", re.compile(rf"{re.escape(words)}\s*\(core dumped\)|^(?:.*\b\d+ +)?{re.escape(words)}\s*$"),
+                 f"a child process crashed with {name} ({words}): {meaning}", "native-crash", action, SOURCE,
+                 f"/opt/flashfleet/run.sh: line 12: 4242 {words} (core dumped) python -m flashfleet_trainer",
+                 number=int(sig), key=words)
+
+
+ENTRIES = (tuple(_entry(s) for s in sorted(_signal.Signals, key=int)
+                 if s.name not in NEVER_KILL and not s.name.startswith("SIGRT") and int(s) < 32)
+           + tuple(_shell_entry(_signal.Signals[name]) for name in CRASH_SIGNALS))

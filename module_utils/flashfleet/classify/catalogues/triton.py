@@ -46,12 +46,12 @@ ENTRIES = (
        r"out of resource: shared memory, Required: \d+",
        "a Triton kernel's configuration needs more shared memory than this GPU has (a config tuned for a bigger "
        "GPU, or block sizes/num_stages too large for these shapes): lower them, or let autotuning pick",
-       "crash", "fix-config", TRITON,
+       "crash", "investigate", TRITON,
        "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 262144, Hardware limit: "
        "232448. Reducing block sizes or `num_stages` may help.", key="out of resource: shared memory"),
     _e("OutOfResources", r"out of resource: (?!shared memory)\w",
        "a Triton kernel's configuration needs more of a GPU resource (registers, threads) than this GPU has: "
-       "lower its block sizes or num_warps", "crash", "fix-config", TRITON,
+       "lower its block sizes or num_warps", "crash", "investigate", TRITON,
        "triton.runtime.errors.OutOfResources: out of resource: threads, Required: 2048, Hardware limit: 1024. "
        "Reducing block sizes or `num_stages` may help."),
     _e("PTXASError", r"\bPTXASError\b|PTXAS error: ",

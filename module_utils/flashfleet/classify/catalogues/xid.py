@@ -5,9 +5,9 @@ Sources: NVIDIA's Xid catalog for Ampere and newer GPUs (docs.nvidia.com/deploy/
 "Analyzing Xid Errors with the Xid Catalog": mnemonic, description, "Resolution Bucket (Immediate
 Action)", "Resolution Bucket (Investigatory Action)") and NVIDIA's NVSentinel
 (distros/kubernetes/nvsentinel/charts/gpu-health-monitor/xiderrorsmapping.csv), which encodes the
-same buckets. Where the two disagree the catalog page wins, except for the codes signatures.py's
-XID_CATALOG already holds, which this module must agree with (Xid 160: the page says IGNORE,
-NVSentinel and XID_CATALOG say RESTART_BM). Xids 162-172 have no bucket in either source: their
+same buckets. Where the two disagree the catalog page wins, except for Xid 160 (the page says
+IGNORE, NVSentinel RESTART_BM, which the classifier kept from before this module). This module is
+the one owner of the Xid table: signatures.XID_CATALOG is derived from it. Xids 162-172 have no bucket in either source: their
 action is inferred from the page's description and marked `"inferred": True` in extra.
 
 kind (extra["kind"]): "application" (the program's own fault: a crash verdict names it),
@@ -264,27 +264,9 @@ ENTRIES = tuple(sorted(
     key=lambda e: e.number))
 
 
-def _disagreements() -> list[str]:
-    """Where signatures.XID_CATALOG (kind, bucket, action, mnemonic) says otherwise than this catalogue."""
-    try:
-        from ..signatures import XID_CATALOG
-    except ImportError:  # run as a plain script, outside the package
-        return ["signatures.XID_CATALOG not importable here"]
-    by_code = {e.number: e for e in ENTRIES}
-    out = []
-    for code, (kind, bucket, action, mnemonic) in sorted(XID_CATALOG.items()):
-        e = by_code.get(code)
-        mine = e and (e.extra["kind"], e.extra["bucket"], e.action, e.extra["mnemonic"])
-        if mine != (kind, bucket, action, mnemonic):
-            out.append(f"Xid {code}: XID_CATALOG {(kind, bucket, action, mnemonic)} != {mine}")
-    return out
-
-
 if __name__ == "__main__":
     print(f"{len(ENTRIES)} entries")
     for e in ENTRIES:
         for other in ENTRIES:
             if other is not e and other.pattern.search(e.sample):
                 print(f"{e.name}: its sample is matched by {other.name}")
-    for line in _disagreements():
-        print(line)

@@ -64,7 +64,6 @@ from .signatures import (
     XID_HARDWARE,
 )
 
-
 # The catalogues whose entries name a library's own failure: searched in the whole tail of the output,
 # where the generic ones (an errno's message, an HTTP status) are read only in the lines that failed.
 LIBRARY_LAYERS = {"nccl", "cuda", "cublas", "cudnn", "triton", "python"}

@@ -1,7 +1,9 @@
 """Bad input is refused on the controller with one message that names the problem and the fix,
 never a Python traceback: run entries of flashfleet_runs (playbooks/filter_plugins/
 flashfleet_run_entries.py, which check_run.yml runs before any host is touched; the same through
-the playbooks: tests/playbooks/test_check_run_generated.py).
+the playbooks: tests/playbooks/test_check_run_generated.py), and the offline tools on damaged
+files: flashfleet-classify RUNS_DIR classifies every host whose evidence it can read and makes the
+others `no-evidence` rows naming the file.
 
 Hypothesis generates the malformed input from the schema the checker itself declares (FIELDS,
 SUBFIELDS), so a field added there is fuzzed too.
@@ -9,11 +11,22 @@ SUBFIELDS), so a field added there is fuzzed too.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
+import flashfleet.classify as fc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from flashfleet.classify import cli
 
 from tests.conftest import ROOT
 
@@ -139,3 +152,103 @@ def test_servers_sharing_any_gpu_are_refused(a, b, shared):
 def test_an_out_of_range_port_is_refused(port, where):
     entry = {"rdzv_port": port} if where == "rdzv" else {"vllm": {"servers": [{"port": port, "gpus": "0"}]}}
     _refused(problems("r", entry), "r", "rdzv_port" if where == "rdzv" else "vllm.servers[0].port")
+
+
+# ---------------------------------------------------------------- flashfleet-classify RUNS_DIR
+
+HANDBUILT = ROOT / "tests/fixtures/evidence/handbuilt"
+
+
+def _doc(name, host=None):
+    """A hand-built evidence document, as gathered on `host` (where given)."""
+    doc = json.loads((HANDBUILT / f"{name}.json").read_text())
+    return {**doc, "host": host} if host else doc
+
+
+def _run_dir(root, docs: dict) -> Path:
+    """runs/v2/<host>/evidence.json for each host: a document, or the file's raw bytes."""
+    for host, doc in docs.items():
+        (root / "v2" / host).mkdir(parents=True, exist_ok=True)
+        (root / "v2" / host / "evidence.json").write_bytes(doc if isinstance(doc, bytes) else json.dumps(doc).encode())
+    return root / "v2"
+
+
+def _classify(run_dir, *flags) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = fc.main([*flags, str(run_dir)])
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("bad, why", [(b"", "cannot read evidence: Expecting value"),
+                                      (b"not json\n", "cannot read evidence: Expecting value"),
+                                      (json.dumps(_doc("crash")).encode()[:500], "cannot read evidence"),
+                                      (b"\xff\xfe", "cannot read evidence: 'utf-8' codec can't decode"),
+                                      (b"[1, 2]", "not evidence: a JSON list, not an object")])
+def test_one_unreadable_evidence_file_does_not_hide_the_other_hosts(tmp_path, bad, why):
+    run = _run_dir(tmp_path, {"gpu01": _doc("crash", "gpu01"), "gpu02": bad, "gpu03": _doc("completed", "gpu03")})
+    rc, out, err = _classify(run)
+    assert rc == 1
+    bad_file = run / "gpu02" / "evidence.json"
+    (line,) = err.splitlines()
+    assert line.startswith(f"{bad_file}: {why}") and "fix:" in line, line
+    rows = {r.split()[0]: r.split()[1] for r in out.split("\n\n")[0].splitlines()[1:]}
+    assert rows == {"gpu01": fc.classify(_doc("crash"))["verdict"], "gpu02": "no-evidence",
+                    "gpu03": fc.classify(_doc("completed"))["verdict"]}
+    assert f"[gpu02] no-evidence: {line}" in out
+
+
+def test_the_console_script_on_an_empty_file_gives_rows_and_no_traceback(tmp_path):
+    run = _run_dir(tmp_path, {"gpu01": _doc("crash", "gpu01"), "gpu02": b""})
+    r = subprocess.run([sys.executable, "-m", "flashfleet.classify", "--json", str(run)], capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "module_utils")}, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(x["host"], x["verdict"]) for x in rows] == [("gpu01", fc.classify(_doc("crash"))["verdict"]),
+                                                        ("gpu02", "no-evidence")]
+    assert rows[1]["action"] == "check-host" and str(run / "gpu02" / "evidence.json") in rows[1]["reason"]
+
+
+def test_a_classifier_crash_is_the_hosts_row_naming_the_reader(tmp_path, monkeypatch):
+    def broken(evidence):
+        return {}["no such key"] if evidence.get("host") == "gpu02" else fc.classify(evidence)
+
+    monkeypatch.setattr(cli, "classify", broken)
+    rc, out, err = _classify(_run_dir(tmp_path, {"gpu01": _doc("completed", "gpu01"), "gpu02": _doc("crash", "gpu02")}))
+    assert rc == 1 and "the classifier failed on this evidence" in err and "KeyError" in err
+    assert "[gpu01] completed" in out and "[gpu02] no-evidence" in out
+
+
+def _paths(node, at=()):
+    """Every key path of a document (lists: their first items)."""
+    items = node.items() if isinstance(node, dict) else enumerate(node[:1]) if isinstance(node, list) else []
+    for k, v in items:
+        yield at + (k,)
+        yield from _paths(v, at + (k,))
+
+
+def _corrupt(doc, path, value):
+    node = doc
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return doc
+
+
+EVIDENCE_DOCS = sorted(p.stem for p in HANDBUILT.glob("*.json"))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), name=st.sampled_from(EVIDENCE_DOCS))
+def test_a_corrupt_value_at_any_evidence_key_gives_a_verdict_never_a_traceback(data, name):
+    doc = _doc(name)
+    path = data.draw(st.sampled_from(sorted(_paths(doc), key=str)))
+    doc = _corrupt(doc, path, data.draw(values))
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, out, err = _classify(_run_dir(Path(tmp), {"bad": doc, "good": _doc("crash", "good")}), "--json")
+    bad, good = json.loads(out)  # a row per host, in the order of their directories
+    assert good["verdict"] == fc.classify(_doc("crash"))["verdict"] and isinstance(bad["verdict"], str)
+    assert (rc == 1) == (bad["verdict"] == "no-evidence") == bool(err) and rc in (0, 1), (rc, err)
+    assert "Traceback" not in err
+    # A value classify() cannot take (a reader's bug) is the host's row, naming the reader.
+    assert bad["verdict"] != "no-evidence" or bad["reason"].startswith(str(Path(tmp) / "v2" / "bad" / "evidence.json"))

@@ -2,7 +2,8 @@
 (decision: the report is written, the skipped lines named on stderr and in the report, exit 0;
 a directory with nothing readable is refused, naming the file), and flashfleet-classify on an
 evidence.json whose fields have the wrong JSON type (one line naming the file, the field and the
-fix, exit 1, never a traceback), while every real evidence document still passes."""
+fix, a no-evidence row for its host, exit 1, never a traceback), while every real evidence document
+still passes."""
 
 from __future__ import annotations
 
@@ -104,9 +105,9 @@ def test_classify_refuses_a_field_of_the_wrong_type_in_one_line(tmp_path, capsys
     path = _evidence_file(tmp_path, ev)
     assert fc.main([str(path)]) == 1
     out = capsys.readouterr()
-    assert out.out == ""
     (line,) = out.err.strip().splitlines()
     assert line.startswith(f"{path}: not evidence: {says} (fix: collect it again with diagnose.yml")
+    assert f"[gpu01] no-evidence: {line}" in out.out  # the host is still a row of the table
 
 
 def test_classify_console_script_gives_no_traceback(tmp_path):

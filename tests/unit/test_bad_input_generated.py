@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, settings
 
 from tests.unit.test_bad_input import _both_refuse, _tree, no_target_load, trained  # noqa: F401 (fixtures)
 
-CI_EXAMPLES = 10
+CI_EXAMPLES = 20
 settings.register_profile("ci", max_examples=CI_EXAMPLES)
 settings.register_profile("nightly", max_examples=20 * CI_EXAMPLES)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
@@ -30,7 +30,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 def examples(n: int = 1) -> int:
     """n x the profile's budget: the cheap properties get more examples than the slow ones."""
-    return max(1, n * settings.default.max_examples // CI_EXAMPLES)
+    return n * settings.default.max_examples
 
 
 def gen_settings(n: int = 1):
@@ -397,12 +397,19 @@ def _path_cases(tmp: Path):
     f.write_text("x")
     d = tmp / "empty-dir"
     d.mkdir(exist_ok=True)
-    return {"missing": tmp / "missing" / "x", "file": f, "under-file": f / "x", "empty-dir": d, "empty": ""}
+    locked = tmp / "read-only"
+    locked.mkdir(mode=0o555, exist_ok=True)
+    return {"missing": tmp / "missing" / "x", "file": f, "under-file": f / "x", "empty-dir": d, "empty": "",
+            # root writes anywhere: there a read-only directory's child is just another missing path
+            "unwritable": locked / "x"}
+
+
+UNWRITABLE = [] if ROOT else ["unwritable"]
 
 
 TRAIN_PATHS = {"--target-model": ["missing", "file", "under-file", "empty-dir", "empty"],
                "--data-dir": ["missing", "file", "under-file", "empty-dir", "empty"],
-               "--output-dir": ["file", "under-file", "empty"],
+               "--output-dir": ["file", "under-file", "empty", *UNWRITABLE],
                "--eval-prompts": ["missing", "under-file", "empty-dir"],
                "--init-from": ["missing", "file", "under-file"],
                "--resume": ["missing", "file", "empty-dir"],
@@ -550,7 +557,8 @@ def test_eval_bad_input(data, trainer_tiny, sentinel, tmp_path, capsys, no_targe
 
 @gen_settings(2)
 @given(case=st.tuples(st.sampled_from(["run", "missing", "file", "under-file", "empty-dir", "empty"]),
-                      st.sampled_from(["run", "checkpoints", "run-file", "above", "file", "under-file", "fresh"]),
+                      st.sampled_from(["run", "checkpoints", "run-file", "above", "file", "under-file", "fresh",
+                                       *UNWRITABLE]),
                       st.booleans()))
 def test_export_bad_input(case, run_dir, tmp_path, capsys, no_target_load):  # noqa: F811
     from flashfleet_trainer.export import main
@@ -598,7 +606,7 @@ def bad_data(draw, tmp: Path):
     if kind == "input":
         return command, ["--input", str(paths[draw(st.sampled_from(["missing", "under-file", "empty-dir"]))])], None
     if kind == "out":
-        return command, [], paths[draw(st.sampled_from(["file", "under-file"]))]
+        return command, [], paths[draw(st.sampled_from(["file", "under-file", *UNWRITABLE]))]
     return command, ["--server", draw(st.sampled_from(["", "localhost:8000", "ftp://h:1", "http://", "http://[x",
                                                        "http://h:port", "http://h:0"]))], None
 
@@ -632,3 +640,31 @@ def test_vllm_probe_bad_input(data, counting_server, tmp_path, capsys):
         return  # all good: this one asks the server (and it answers 500)
     refused(lambda: main([url, f"--layers={layers}", f"--timeout={timeout}"]), [tmp_path], capsys,
             server=counting_server)
+
+
+def _string_cases():
+    """(flag, malformed value[, extra flags]) for dflash-train's string settings: choices from their
+    field, the rest from what each one's parser reads (devices, layer lists, URLs, JSON)."""
+    from flashfleet_trainer.config import FIELDS, flag
+
+    choice = [st.tuples(st.just(flag(f.name)), st.text(max_size=6).filter(lambda v, c=f.metadata["choices"]: v not in c))
+              for f in FIELDS.values() if f.metadata["choices"]]
+    devices = st.tuples(st.sampled_from(["--target-gpus", "--drafter-gpus"]),
+                        st.sampled_from(["", "gpu", "0,0", "-1", "1.5", "cpu,0", "0;1", "99"]))
+    return st.one_of(*choice, devices, st.tuples(st.just("--target-layers"),
+                                                 st.sampled_from(["a,b", "-1", "99", "2,1", "1,1", ",", "1.5"])),
+                     st.tuples(st.just("--target-servers"),
+                               st.sampled_from(["h:1", "ftp://h:1", "http://h", "http://h:1/v1", "http://[x",
+                                                "http://h:1,http://h:1", "http://h:port"])),
+                     st.tuples(st.just("--wandb-settings"), st.sampled_from(["{", "[]", "1", "\"x\"", "{\"mode\": 1}"])),
+                     st.tuples(st.just("--drafter-layer-types"), st.sampled_from(["", "full,bogus", "sliding", "x"])),
+                     st.tuples(st.just("--rdzv-endpoint"), st.sampled_from(["host", "host:", ":1", "h:0", "h:99999"])))
+
+
+@gen_settings(4)
+@given(case=_string_cases())
+def test_train_string_flag(case, trainer_argv, sentinel, capsys, no_target_load):  # noqa: F811
+    from flashfleet_trainer.cli import main
+
+    flag, value = case
+    refused(lambda: main([*trainer_argv(out=sentinel), f"{flag}={value}", "--check"]), [sentinel], capsys)

@@ -430,9 +430,6 @@ def main(argv=None):
         if not a.target_model or not a.prompts:
             raise ValueError("--target-model and --prompts are needed (or --run-config RUN.json that names them)")
         check_bounds(a)  # the shared settings' ranges, as dflash-train checks them
-        for name in ("top_p", "num_prompts"):  # `--top-p=--` gives argparse's [], no number
-            if not isinstance(getattr(a, name), int | float):
-                raise ValueError(f"--{name.replace('_', '-')} {getattr(a, name)!r} is not a number")
         sampling = Sampling(a.eval_temperature, a.top_p)
         if a.num_prompts < 1:
             raise ValueError(f"--num-prompts {a.num_prompts} must be >= 1")

@@ -65,6 +65,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise ConfigError(message, f"see {self.prog.split()[0]} --help")
 
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        for act in self._actions:  # `--flag=--`: Python 3.11's argparse gives [] for the one value
+            v = getattr(ns, act.dest, None)
+            if act.option_strings and act.nargs is None and v == [] and v is not self.get_default(act.dest):
+                self.error(f"argument {act.option_strings[0]}: expected one value, got '--'")
+        return ns, rest
+
 
 # ---- the name map and the shapes ------------------------------------------------------------------
 

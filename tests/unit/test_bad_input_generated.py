@@ -474,7 +474,9 @@ def base_config(tiny, out) -> dict:
 def bad_config(draw):
     from flashfleet_trainer.config import FIELDS
 
-    kind = draw(st.sampled_from(["type", "range", "unknown", "top"]))
+    kind = draw(st.sampled_from(["type", "range", "unknown", "top", "text"]))
+    if kind == "text":  # not JSON at all (bytes: a binary file, a cut one, another encoding)
+        return draw(st.sampled_from([b"", b"{", b"\xff\xfe{}", b"{'lr': 1}", b"[1,", b"{\"lr\": NaN}"])), None
     if kind == "top":  # not an object at all
         return draw(st.one_of(JSON_SCALARS, st.lists(JSON_SCALARS, max_size=3))), None
     if kind == "unknown":
@@ -500,7 +502,7 @@ def test_train_config_json(bad, trainer_tiny, sentinel, tmp_path, capsys, no_tar
     spoilt, key = bad
     cfg = {**base_config(trainer_tiny, sentinel), **spoilt} if isinstance(spoilt, dict) else spoilt
     path = tmp_path / "run.json"
-    path.write_text(json.dumps(cfg))
+    path.write_bytes(cfg if isinstance(cfg, bytes) else json.dumps(cfg).encode())
     line = refused(lambda: main(["--config", str(path), "--check"]), [sentinel], capsys)
     assert key is None or key.replace("_", "-") in line or repr(key) in line or key in line, line
 

@@ -253,6 +253,24 @@ def test_an_html_error_page_is_one_line_too(tmp_path, capsys):
     assert len(err) == 1 and "answered HTTP 502" in err[0], err
 
 
+@pytest.mark.parametrize("models", [{"data": [{}]}, {"data": [1]}, {"data": "x"}])
+def test_a_server_whose_model_list_is_malformed(models, chat_model, tmp_path, capsys):
+    from flashfleet_trainer.data_cli import main as data
+    from flashfleet_trainer.vllm_target import main as probe
+
+    s = Stub(lambda path, body: (200, json.dumps({"version": "0.32.0"} if path == "/version" else models).encode()))
+    try:
+        assert probe([s.url, "--layers", "3", "--timeout", "0"]) in (1, EX_CONFIG)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0], err
+        out = tmp_path / "data"
+        assert data(["regenerate", "--model", str(chat_model), "--input", str(convs(tmp_path)), "--out", str(out),
+                     "--server", s.url]) == EX_CONFIG
+        assert "lists no models" in one_line(capsys.readouterr().err) and not out.exists()
+    finally:
+        s.close()
+
+
 # ---- 5. a server of another model: exit 78, no restart loop -----------------------------------------
 
 def fake_vllm(hidden: int, layers: list[int]):

@@ -112,6 +112,9 @@ def check_server(server: str, template: ChatTemplate, model_dir, served_model: s
     except urllib.error.HTTPError as e:
         raise ConfigError(f"--server {server}: /v1/models answered {e.code}",
                           "give the URL of an OpenAI-compatible (vLLM) server") from e
+    if not isinstance(cards, list) or not all(isinstance(c, dict) and c.get("id") for c in cards):
+        raise ConfigError(f"--server {server}: /v1/models lists no models with an id ({str(cards)[:80]})",
+                          "give the URL of an OpenAI-compatible (vLLM) server")
     names = [c.get("id") for c in cards]
     if served_model:
         card = next((c for c in cards if c.get("id") == served_model), None)

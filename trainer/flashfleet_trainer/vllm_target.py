@@ -101,9 +101,13 @@ class Server:
         """Ask the server its version and model (a server still loading is unreachable)."""
         self.version = self._call("/version", timeout=CONNECT_TIMEOUT_S).get("version", "?")
         models = self._call("/v1/models", timeout=CONNECT_TIMEOUT_S).get("data") or []
-        if len(models) != 1:
+        if not isinstance(models, list) or len(models) != 1:
             raise TargetServerError(f"{TARGET_SERVER} {self.url} serves {len(models)} models, not one")
-        self.model, self.max_model_len = models[0]["id"], int(models[0].get("max_model_len") or 0)
+        card = models[0] if isinstance(models[0], dict) else {}
+        if not card.get("id") or not isinstance(card.get("max_model_len") or 0, int):
+            raise ConfigError(f"{TARGET_SERVER} {self.url}/v1/models lists no model id and max_model_len: that is no "
+                              "vLLM server", "point the URL at the vLLM server's http://HOST:PORT")
+        self.model, self.max_model_len = card["id"], card.get("max_model_len") or 0
         return self
 
     def alive(self) -> bool:

@@ -17,7 +17,7 @@ from tests.conftest import ROOT
 from tests.fixtures.evidence import captures
 
 _TB = "Traceback (most recent call last):"
-_FRAME = '  File "/opt/flashfleet/venv/lib/python3.12/site-packages/flashfleet_trainer/trainer.py", line 412, in main'
+_FRAME = '  File "/srv/venv/lib/python3.12/site-packages/flashfleet_trainer/trainer.py", line 412, in main'
 RE_STATUS = re.compile(r"code=(?P<code>exited|killed|dumped), status=(?P<status>\d+)")
 
 

@@ -9,7 +9,7 @@ from flashfleet import classify as fc
 from tests.fixtures.evidence import handbuilt as hb
 
 HEAD = [hb.starting(hb.T0), *hb.loading(hb.T0), hb.started(hb.T0 + 55)]
-TB = '  File "/opt/flashfleet/venv/lib/python3.12/site-packages/flashfleet_trainer/trainer.py", line 412, in main'
+TB = '  File "/srv/venv/lib/python3.12/site-packages/flashfleet_trainer/trainer.py", line 412, in main'
 
 
 def died(lines, *, code="exited", status=1, result="exit-code", name=None, kernel=(), memory_max="infinity",

@@ -72,7 +72,7 @@ MEANINGS = {
 }
 _DEFAULT = ("crash", "investigate", "a system call failed")
 
-_PATH = "/var/lib/flashfleet/runs/v2/checkpoints/step-300"
+_PATH = "/srv/runs/v2/checkpoints/step-300"
 
 
 def _sample(num: int, name: str, text: str) -> str:

@@ -25,8 +25,8 @@ LD = "glibc ld.so (dlopen/dlerror messages), as Python's ImportError quotes them
 TORCH = "PyTorch 2.x"
 DIST = "PyTorch 2.x torch.distributed (c10d TCPStore, torch/distributed/elastic)"
 
-_CKPT = "/var/lib/flashfleet/runs/v2/checkpoints/step-300"
-_SO = "/opt/flashfleet/venv/lib/python3.11/site-packages/flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so"
+_CKPT = "/srv/runs/v2/checkpoints/step-300"
+_SO = "/srv/venv/lib/python3.11/site-packages/flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so"
 
 
 def _e(name: str, pattern: str, meaning: str, verdict: str, action: str, source: str, sample: str,
@@ -48,7 +48,7 @@ ENTRIES = (
        "an installed package lacks a name the code imports: its version drifted from the lock (or the code "
        "expects another one): re-sync the venv", "crash", "fix-venv", PY,
        "ImportError: cannot import name 'is_torch_greater_or_equal' from 'transformers.utils' "
-       "(/opt/flashfleet/venv/lib/python3.11/site-packages/transformers/utils/__init__.py)"),
+       "(/srv/venv/lib/python3.11/site-packages/transformers/utils/__init__.py)"),
     _e("GLIBCXX-not-found", r"version `(?:GLIBCXX|CXXABI)_[\d.]+' not found",
        "a compiled extension needs a newer libstdc++ than the one loaded (an old system libstdc++ ahead of the "
        "venv's, or a wheel built on a newer OS): re-sync the venv or install a matching build", "crash", "fix-venv",

@@ -73,6 +73,15 @@ def test_the_gatherer_keeps_every_kernel_entrys_line():
             assert fe.kernel_interesting(captures.kernel_message(e.sample)), e.sample
 
 
+def test_no_entry_is_hidden_by_another_of_its_catalogue():
+    """Within one catalogue, an entry's sample is found by its own pattern only: the lookup takes the
+    first match, so a broader pattern before it would hide it."""
+    for name, entries in catalogues.CATALOGUES.items():
+        for e in entries:
+            others = [o.name for o in entries if o is not e and o.where == e.where and o.pattern.search(e.sample)]
+            assert not others, f"{name}: {e.name}'s sample is also found by {others}"
+
+
 def test_names_are_unique_within_a_catalogue():
     for name, entries in catalogues.CATALOGUES.items():
         names = [(e.layer, e.name) for e in entries]

@@ -415,11 +415,3 @@ def _cudnn(status: str, number: int, verdict: str, action: str, meaning: str) ->
 
 ENTRIES = (tuple(_runtime(*row) for row in ERRORS) + tuple(_cublas(*row) for row in CUBLAS)
            + tuple(_cudnn(*row) for row in CUDNN))
-
-
-if __name__ == "__main__":
-    print(f"{len(ENTRIES)} entries")
-    for e in ENTRIES:
-        for other in ENTRIES:
-            if other is not e and other.pattern.search(e.sample):
-                print(f"{e.name}: its sample is matched by {other.name}")

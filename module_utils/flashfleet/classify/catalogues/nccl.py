@@ -213,11 +213,3 @@ ENTRIES = (
            "[rank0]:[F1206 14:54:08.410266145 ProcessGroupNCCL.cpp:1550] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
            "Heartbeat monitor timed out! Process will be terminated after dumping debug info. workMetaList_.size()=1"),
 )
-
-
-if __name__ == "__main__":
-    print(f"{len(ENTRIES)} entries")
-    for e in ENTRIES:
-        for other in ENTRIES:
-            if other is not e and other.pattern.search(e.sample):
-                print(f"{e.name}: its sample is matched by {other.name}")

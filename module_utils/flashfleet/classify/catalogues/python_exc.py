@@ -234,11 +234,3 @@ ENTRIES = (
        "the lines that follow", "crash", "investigate", "PyTorch 2.x torch.distributed.elastic.multiprocessing.errors",
        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "),
 )
-
-
-if __name__ == "__main__":
-    print(f"{len(ENTRIES)} entries")
-    for e in ENTRIES:
-        for other in ENTRIES:
-            if other is not e and other.pattern.search(e.sample):
-                print(f"{e.name}: its sample is matched by {other.name}")

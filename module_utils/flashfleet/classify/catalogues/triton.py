@@ -141,11 +141,3 @@ ENTRIES = (
        "to fail then: shapes or inputs vary too much (mark them dynamic, or raise the limit)", "crash", "fix-config",
        DYNAMO, "torch._dynamo.exc.FailOnRecompileLimitHit: Hard failure due to fullgraph=True"),
 )
-
-
-if __name__ == "__main__":
-    print(f"{len(ENTRIES)} entries")
-    for e in ENTRIES:
-        for other in ENTRIES:
-            if other is not e and other.pattern.search(e.sample):
-                print(f"{e.name}: its sample is matched by {other.name}")

@@ -262,11 +262,3 @@ ENTRIES = tuple(sorted(
     + [_entry(c, m, "Unused", "CONTACT_SUPPORT", "hardware", "drain-contact-support", m, unused=True)
        for c, m in _UNUSED.items()],
     key=lambda e: e.number))
-
-
-if __name__ == "__main__":
-    print(f"{len(ENTRIES)} entries")
-    for e in ENTRIES:
-        for other in ENTRIES:
-            if other is not e and other.pattern.search(e.sample):
-                print(f"{e.name}: its sample is matched by {other.name}")

@@ -130,7 +130,14 @@ def test_a_killed_regenerate_resumes_and_every_prompt_is_answered_exactly_once(t
         assert (row, [0] * len(rec["prompt_ids"]) + [1] * len(rec["completion_ids"])) in rows
     assert len(load_data(out, max_seq_len=256, vocab_size=VOCAB)) == N
 
-    # The same directory with other sampling settings is refused, not mixed.
+    # The built directory is refused before the server is asked anything.
+    served_before = server.requests_served()
+    assert main(regen_argv(target, server.url, src, out)) == EX_CONFIG
+    assert "already holds 1 Parquet file(s)" in capsys.readouterr().err
+    assert server.requests_served() == served_before
+    # Its ledger with other sampling settings is refused, not mixed.
+    for f in out.glob("*.parquet"):
+        f.unlink()
     assert main(regen_argv(target, server.url, src, out, "--temperature", "0.1")) == EX_CONFIG
     err = capsys.readouterr().err
     assert "was started with other settings (temperature 0.8 now 0.1)" in err

@@ -26,7 +26,7 @@ import flashfleet.stage as fs
 import pytest
 from flashfleet.contract import safetensors
 
-from tests.conftest import ROOT, failure_messages, local_inventory
+from tests.conftest import ROOT, failure_messages, local_inventory, reported
 
 
 class MemSource:
@@ -488,6 +488,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _serve(self, body):
         srv = self.server
+        began = time.monotonic()
         rel = urllib.parse.unquote(self.path.lstrip("/"))
         rng = self.headers.get("Range")
         with srv.lock:
@@ -517,6 +518,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.close_connection = True
                 self.connection.shutdown(2)
                 return
+            if srv.gates:  # a link paced by the test: gate(began) returns when the body may go on
+                sent = 0
+                for upto, gate in srv.gates:
+                    self.wfile.write(payload[sent:upto])
+                    self.wfile.flush()
+                    sent = max(sent, upto)
+                    gate(began)
+                self.wfile.write(payload[sent:])
+                return
             if srv.rate:  # a slow link: rate bytes per second, in tenths of a second
                 step = max(1, srv.rate // 10)
                 for i in range(0, len(payload), step):
@@ -531,10 +541,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def http_source():
     """(base URL, server): server.files to serve, server.faults (per GET: '503', 'cut'),
     server.no_head, server.rate (bytes per second of a GET's body; 0: as fast as it goes),
-    server.log of (method, name, Range)."""
+    server.gates ([(offset, gate)]: a GET's body stops before each offset until gate(the monotonic
+    time the request came in) returns), server.log of (method, name, Range)."""
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.files, srv.faults, srv.log, srv.no_head, srv.lock = {}, [], [], False, threading.Lock()
-    srv.rate = 0
+    srv.rate, srv.gates = 0, []
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}/base/", srv
@@ -863,7 +874,11 @@ def test_module_in_a_real_play_answers_json_for_every_bad_input(tmp_path, run_pl
 
 def test_progress_file_grows_while_a_slow_download_runs_and_says_done(tmp_path, http_source, monkeypatch):
     """The progress record (PROGRESS_KEYS) is rewritten during the transfer, bytes growing, and
-    ends done with every byte; the module's result is the same as without it."""
+    ends done with every byte; the module's result is the same as without it. The file is read
+    back each time it is rewritten (not sampled on a timer, which a busy machine can starve past
+    a rewrite); the server's pace (sleeps between tenths of a second's bytes) is only a lower bound
+    on the transfer's time, so each file's arrival comes PROGRESS_EVERY_S or more after the last
+    rewrite and is recorded."""
     monkeypatch.setattr(fs, "PROGRESS_EVERY_S", 0.2)
     base, srv = http_source
     srv.files = {"base/a.bin": os.urandom(600_000), "base/b.bin": os.urandom(200_000)}
@@ -871,22 +886,17 @@ def test_progress_file_grows_while_a_slow_download_runs_and_says_done(tmp_path, 
     files = {"a.bin": srv.files["base/a.bin"], "b.bin": srv.files["base/b.bin"]}
     progress = tmp_path / "p" / "progress.json"
     seen = []
-    done = threading.Event()
+    real_write = fs.files.atomic_write_text
 
-    def watch():
-        while not done.is_set():
-            if progress.exists():
-                seen.append(json.loads(progress.read_text()))
-            time.sleep(0.2)
+    def write_and_read_back(path, text, *args, **kwargs):
+        out = real_write(path, text, *args, **kwargs)
+        if Path(path) == progress:
+            seen.append(json.loads(progress.read_text()))
+        return out
 
-    t = threading.Thread(target=watch)
-    t.start()
-    try:
-        result = fs.execute(_params(src=base, dest=str(tmp_path / "d"), manifest=_manifest(files),
-                                    progress_file=str(progress), concurrency=1))
-    finally:
-        done.set()
-        t.join()
+    monkeypatch.setattr(fs.files, "atomic_write_text", write_and_read_back)
+    result = fs.execute(_params(src=base, dest=str(tmp_path / "d"), manifest=_manifest(files),
+                                progress_file=str(progress), concurrency=1))
     assert result["counts"]["downloaded"] == 2 and result["bytes_transferred"] == 800_000
     assert all(tuple(r) == fs.PROGRESS_KEYS for r in seen), seen
     moving = sorted({r["bytes_done"] for r in seen if not r["done"]})
@@ -913,21 +923,57 @@ def _staging_lines(runner) -> list[str]:
             and ev["event_data"].get("task") == "Say how the staging goes"]
 
 
+_STAGING_LINE = re.compile(
+    r"staging, (\d+)m(\d+)s elapsed; ([\d.]+)/2\.9 MiB \((\d+)%\), \d/2 files(, shard-\d\.bin)?$")
+_LISTING_LINE = re.compile(r"^data tok: staging, \d+m\d\ds elapsed; listing and checking the source$")
+
+
+def _until(ready, timeout_s=300.0):
+    """Wait until ready() is true; False after timeout_s (the server then goes on, and the test
+    fails on what the play printed instead of hanging)."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def test_the_role_prints_progress_lines_during_a_slow_download(tmp_path, run_playbook, http_source):
     """The dataset role runs the module async and prints its progress file every
     dataset_progress_s seconds: growing bytes, a percentage, the file, the time elapsed; then the
-    module's own result as before."""
+    module's own result as before.
+
+    The link goes at the play's pace, not the clock's: the server holds each file's body until the
+    play has printed the progress record the module wrote before its requests (0 bytes) and
+    PROGRESS_EVERY_S has passed since (the module rewrites the file at most that often, on a
+    chunk's arrival); then it sends a first CHUNK of each file (the module reads and counts a
+    chunk at a time), which the module records, and holds the rest until the play has printed
+    those bytes at a later second. So the lines shown do not depend on how busy the machine is."""
     base, srv = http_source
     data = {"shard-0.bin": os.urandom(1_500_000), "shard-1.bin": os.urandom(1_500_000)}
     srv.files = {f"base/{k}": v for k, v in data.items()}
-    # 3 MB at 100 kB/s per file, two at once: about 15 s (a look costs Ansible several seconds here)
-    srv.rate = 100_000
+    pdd = run_playbook.private_data_dir
+
+    def shown():  # (elapsed s, MiB done) of each progress line the play has printed so far
+        return [(int(m.group(1)) * 60 + int(m.group(2)), float(m.group(3)))
+                for m in map(_STAGING_LINE.search, reported(pdd, "Say how the staging goes")) if m]
+
+    def first_record_shown(began):
+        _until(lambda: shown() and time.monotonic() >= began + fs.PROGRESS_EVERY_S)
+
+    def first_chunk_shown(_began):
+        _until(lambda: (lines := shown()) and any(mib > 0 and t > lines[0][0] for t, mib in lines))
+
+    srv.gates = [(0, first_record_shown), (fs.CHUNK, first_chunk_shown)]
     r = run_playbook(_role_play(tmp_path, base, manifest=_manifest(data)), local_inventory(tmp_path))
     assert r.rc == 0, "\n".join(failure_messages(r))
     lines = _staging_lines(r)
-    got = [re.search(r"staging, (\d+)m(\d+)s elapsed; ([\d.]+)/2\.9 MiB \((\d+)%\), \d/2 files(, shard-\d\.bin)?$", x)
-           for x in lines]
-    assert len(lines) >= 2 and all(got), lines
+    listing = 0  # a look before the module has listed the source says so
+    while listing < len(lines) and _LISTING_LINE.match(lines[listing]):
+        listing += 1
+    got = [_STAGING_LINE.search(x) for x in lines[listing:]]
+    assert len(got) >= 2 and all(got), lines
     done = [float(m.group(3)) for m in got]
     assert done == sorted(done) and done[-1] > done[0], lines
     percent = [int(m.group(4)) for m in got]

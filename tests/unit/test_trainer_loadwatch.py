@@ -3,7 +3,9 @@ while the load makes progress, none while it is stuck, and the progress in statu
 
 The tiny target loads in milliseconds, so a slow disk is simulated: before the real loader runs,
 the shard file is mapped (as safetensors maps it) and its pages are touched a few at a time with
-pauses; the watcher measures those pages through /proc/self/smaps as it does in a real load."""
+pauses; the watcher measures those pages through /proc/self/smaps as it does in a real load. The
+slow disk reads its next pages only once the watcher has published what was read so far, so the
+progress seen does not depend on how busy the machine is."""
 
 import json
 import mmap
@@ -39,14 +41,14 @@ class Listener:
         self.thread.start()
 
     def _loop(self):
-        while not self._stop.is_set():
+        while True:
             try:
                 self.got.append((time.monotonic(), self.sock.recv(4096).decode()))
             except TimeoutError:
-                continue
+                if self._stop.is_set():  # every datagram sent before close() has been received
+                    return
 
     def close(self):
-        time.sleep(0.1)
         self._stop.set()
         self.thread.join()
         self.sock.close()
@@ -72,6 +74,20 @@ def _caught_up(watch, timeout=10.0):
         time.sleep(0.01)
 
 
+def _published(watch, status_file, timeout=30.0):
+    """Wait until the watcher has sent and written (status.json) every byte read so far: the
+    handshake that lets a slow disk go on only once its progress has been seen."""
+    def behind():
+        read = sum(min(n, watch.sizes[p]) for p, n in mapped_bytes(watch.sizes, watch.before).items())
+        try:
+            return json.loads(status_file.read_text())[contract.LOAD]["bytes_loaded"] < read
+        except (OSError, ValueError, KeyError):
+            return True
+    deadline = time.monotonic() + timeout
+    while behind() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_slow_load_of_the_tiny_target_extends_and_reports(trainer_argv, trainer_tiny, tmp_path, monkeypatch):
     out = tmp_path / "run"
     listener = Listener(tmp_path / "notify.sock")
@@ -81,10 +97,17 @@ def test_slow_load_of_the_tiny_target_extends_and_reports(trainer_argv, trainer_
     (shard,) = shard_files(trainer_tiny / "model")
     seen = []  # status.json as a reader sees it while the load goes on
     real = target_mod.load_target_model
+    watches = []  # the LoadWatch that run() starts
+    enter = LoadWatch.__enter__
+    monkeypatch.setattr(LoadWatch, "__enter__", lambda self: watches.append(self) or enter(self))
+
+    def look():  # each pause: once the watcher has published the pages read so far (sent, written)
+        _published(watches[0], out / layout.STATUS)
+        seen.append(json.loads((out / layout.STATUS).read_text()))
 
     def slow_disk(model_dir, device, dtype):
         with open(shard, "rb") as f, mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as mm:
-            _touch(mm, 0, len(mm), 0.15, 6, lambda: seen.append(json.loads((out / layout.STATUS).read_text())))
+            _touch(mm, 0, len(mm), 0.15, 6, look)
             return real(model_dir, device, dtype)
 
     monkeypatch.setattr(target_mod, "load_target_model", slow_disk)

@@ -30,7 +30,7 @@ import types
 from dataclasses import dataclass
 
 from .defaults import DECAY_GAMMAS, HYBRID_DRAFTER, MOE_MLP_PER_HIDDEN, RANDOM_DRAFTER_LAYERS, SPARE_MASK_ROWS
-from .errors import ConfigError
+from .errors import CliParser, ConfigError
 
 # ---- the definition ------------------------------------------------------------------------------
 
@@ -337,28 +337,10 @@ def help_text(f: dataclasses.Field) -> str:
 
 # ---- generated: the command line ---------------------------------------------------------------
 
-class CliParser(argparse.ArgumentParser):
-    """argparse whose usage errors (unknown flag, missing or malformed value) are ConfigErrors: one
-    line and exit 78 like every other refused start, not argparse's usage block and exit 2. Every
-    entry point's parser (and its subcommands': argparse makes them of this class too)."""
-
-    def error(self, message):
-        raise ConfigError(message, f"see {self.prog.split()[0]} --help")
-
-    def parse_known_args(self, args=None, namespace=None):
-        ns, rest = super().parse_known_args(args, namespace)
-        for act in self._actions:  # `--flag=--`: Python 3.11's argparse gives [] for the one value
-            v = getattr(ns, act.dest, None)
-            if act.option_strings and act.nargs is None and v == [] and v is not self.get_default(act.dest):
-                self.error(f"argument {act.option_strings[0]}: expected one value, got '--'")
-        return ns, rest
-
-
-_Parser = CliParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = CliParser(
         prog="dflash-train",
         description="Train a DFlash block-diffusion drafter on hidden states of a frozen target model.",
         epilog="Exit codes: 0 finished, or stopped by SIGTERM after saving a checkpoint; 78 configuration "

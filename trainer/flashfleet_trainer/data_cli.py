@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 from flashfleet.contract.messages import EX_CONFIG
 
-from .errors import ConfigError
+from .errors import CliParser, ConfigError
 
 # Each number's range: (flag dest, lowest, highest, lowest excluded). Checked before anything is
 # read or asked: a nan temperature or a 0 timeout would reach the server with every prompt.
@@ -27,24 +27,8 @@ BOUNDS = [("max_len", 1, None, False), ("shard_rows", 1, None, False), ("tempera
           ("progress_s", 0, None, True)]
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as ConfigErrors: one line, exit 78, like every other refusal (config.CliParser's
-    twin: the import graph keeps this module off the trainer's config)."""
-
-    def error(self, message):
-        raise ConfigError(message, f"see {self.prog.split()[0]} --help")
-
-    def parse_known_args(self, args=None, namespace=None):
-        ns, rest = super().parse_known_args(args, namespace)
-        for act in self._actions:  # `--flag=--`: Python 3.11's argparse gives [] for the one value
-            v = getattr(ns, act.dest, None)
-            if act.option_strings and act.nargs is None and v == [] and v is not self.get_default(act.dest):
-                self.error(f"argument {act.option_strings[0]}: expected one value, got '--'")
-        return ns, rest
-
-
 def parse_args(argv=None) -> argparse.Namespace:
-    common = _Parser(add_help=False)
+    common = CliParser(add_help=False)
     common.add_argument("--model", required=True, help="the target's HF directory: its tokenizer and chat template")
     common.add_argument("--input", nargs="+", required=True, help="conversations: ShareGPT or OpenAI-messages JSONL or Parquet")
     common.add_argument("--out", required=True, help="the data directory to write (dflash-train --data-dir)")
@@ -55,7 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--shard-rows", type=int, default=10000, help="rows per Parquet shard (default 10000)")
     common.add_argument("--no-dedup", action="store_true", help="keep exact duplicate rows")
 
-    p = _Parser(prog="dflash-data", description=__doc__.split("\n")[0])
+    p = CliParser(prog="dflash-data", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("build", parents=[common], help="conversations -> Parquet with the target's chat template")
     r = sub.add_parser("regenerate", parents=[common], help="the prompts answered by the target's server, then build")

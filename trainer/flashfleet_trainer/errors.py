@@ -6,6 +6,8 @@ codes and the one-line messages are owned by flashfleet.contract.messages, which
 too.
 """
 
+import argparse
+
 from flashfleet.contract import messages
 
 
@@ -18,6 +20,23 @@ class ConfigError(Exception):
 
     def line(self) -> str:
         return messages.config_error(self.what, self.fix)
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse whose usage errors (unknown flag, missing or malformed value) are ConfigErrors: one
+    line and exit 78 like every other refused start, not argparse's usage block and exit 2. Every
+    entry point's parser (and its subcommands': argparse makes them of this class too)."""
+
+    def error(self, message):
+        raise ConfigError(message, f"see {self.prog.split()[0]} --help")
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        for act in self._actions:  # `--flag=--`: Python 3.11's argparse gives [] for the one value
+            v = getattr(ns, act.dest, None)
+            if act.option_strings and act.nargs is None and v == [] and v is not self.get_default(act.dest):
+                self.error(f"argument {act.option_strings[0]}: expected one value, got '--'")
+        return ns, rest
 
 
 class TargetServerError(RuntimeError):

@@ -385,9 +385,9 @@ def main(argv=None):
     from flashfleet.contract.messages import EX_CONFIG
 
     from .checkpoint import complete_checkpoints
-    from .config import CliParser, add_setting, check_bounds
+    from .config import add_setting, check_bounds
     from .drafter import load_drafter
-    from .errors import ConfigError
+    from .errors import CliParser, ConfigError
     from .target import HiddenStateProducer
 
     p = CliParser(prog="dflash-eval", description="Measure the real acceptance length tau of a "

@@ -20,7 +20,6 @@ RoPE at absolute positions; the block is [anchor, mask x (B-1)] at positions anc
 slot k >= 1 predicts the token at anchor+k; every layer is full (non-causal) attention.
 """
 
-import argparse
 import ctypes
 import errno
 import json
@@ -38,7 +37,7 @@ from flashfleet.contract.files import fsync_dir, fsync_file
 from flashfleet.contract.messages import EX_CONFIG
 
 from .drafter import DrafterConfig
-from .errors import ConfigError
+from .errors import CliParser, ConfigError
 from .target import default_target_layers, layer_ids_problem
 
 WEIGHTS, CONFIG, README = "model.safetensors", "config.json", "README.md"
@@ -56,22 +55,6 @@ NEUTRAL = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "logit_scale"
            "final_logit_softcapping": None, "attention_sink_bias": None, "attention_value_scale": None,
            "projector_type": None, "conv_kernel_size": None, "selector_rank": None}
 MLP = ("gate_proj", "up_proj", "down_proj")
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as ConfigErrors: one line, exit 78, like every other refusal (config.CliParser's
-    twin: the import graph keeps this module off the trainer's config)."""
-
-    def error(self, message):
-        raise ConfigError(message, f"see {self.prog.split()[0]} --help")
-
-    def parse_known_args(self, args=None, namespace=None):
-        ns, rest = super().parse_known_args(args, namespace)
-        for act in self._actions:  # `--flag=--`: Python 3.11's argparse gives [] for the one value
-            v = getattr(ns, act.dest, None)
-            if act.option_strings and act.nargs is None and v == [] and v is not self.get_default(act.dest):
-                self.error(f"argument {act.option_strings[0]}: expected one value, got '--'")
-        return ns, rest
 
 
 # ---- the name map and the shapes ------------------------------------------------------------------
@@ -659,7 +642,7 @@ def export(source, out_dir, force: bool = False, target_model=None, log=print) -
 
 
 def main(argv=None) -> int:
-    p = _Parser(prog="dflash-export", description="Export a drafter checkpoint to the DFlash "
+    p = CliParser(prog="dflash-export", description="Export a drafter checkpoint to the DFlash "
                                 "directory format vLLM, SGLang and z-lab's dflash load (config.json, bf16 "
                                 "model.safetensors, README.md model card).",
                                 epilog="Exit codes: 0 written; 78 refused (one line on stderr, nothing changed).")

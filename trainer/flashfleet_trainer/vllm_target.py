@@ -415,14 +415,12 @@ def main(argv=None) -> int:
     server unit's readiness check (ExecStartPost), so that `systemctl start` means "hands out
     features", not "listens". Exit 1 with one line at once when the server answers wrongly (other
     layers, zeros), or after --timeout seconds unreachable."""
-    import argparse
-    import sys
-
     import math
+    import sys
 
     from flashfleet.contract.messages import EX_CONFIG
 
-    from .config import CliParser
+    from .errors import CliParser
 
     p = CliParser(prog="dflash-vllm-probe", description=main.__doc__.split(":")[0],
                   epilog="Exit codes: 0 ready; 1 unreachable or answering wrongly (one line); 78 a bad argument "

@@ -15,7 +15,10 @@ controller only.
 Damaged input: a metrics.jsonl line that is not UTF-8, not JSON or not an object is skipped (as the
 contract's reader does: a line cut by a crash is normal in an append-only file), and each such
 file is named with its line numbers and the fix, on stderr and in the report; the report is still
-written (exit 0). A directory where nothing is readable is refused (exit 2), the files named.
+written (exit 0). A status.json that is there but not a status record is named the same way and
+left out. A value of the wrong type (a string step, a list for a loss, a number too large for a
+float) is shown as text in the tables and left out of the plots. A directory where nothing is
+readable is refused (exit 2), the files named.
 """
 
 import argparse
@@ -54,15 +57,30 @@ BY_POSITION = (
 )
 
 
+# A value a metric can plot: larger ones are damage, and make matplotlib's tick arithmetic overflow.
+PLOTTABLE = 1e100
+
+
+def number(v) -> float | None:
+    """v as a plottable float; None for anything else (a string, a list, a bool, inf, 10**400)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        v = float(v)
+    except OverflowError:
+        return None
+    return v if math.isfinite(v) and abs(v) < PLOTTABLE else None
+
+
 def read_metrics(path: Path) -> list[dict]:
     """Every record of a host's metrics.jsonl (none when it is missing), with PEAK_MEM_GIB added."""
     try:
         records = metrics.read(path)
-    except OSError:
+    except (OSError, RecursionError):  # RecursionError: a line nested too deep for json
         return []
     for rec in records:
-        if isinstance(rec.get("peak_mem_bytes"), int | float):
-            rec[PEAK_MEM_GIB] = rec["peak_mem_bytes"] / 2**30
+        if number(rec.get("peak_mem_bytes")) is not None:
+            rec[PEAK_MEM_GIB] = number(rec["peak_mem_bytes"]) / 2**30
     return records
 
 
@@ -79,6 +97,9 @@ def damaged_lines(path: Path) -> list[tuple[int, str]]:
             continue
         try:
             rec = json.loads(line)  # as the contract's reader parses it (bytes: UTF-8, -16 or -32)
+        except RecursionError:
+            out.append((n, "nested too deep"))
+            continue
         except ValueError:  # also UnicodeDecodeError
             try:
                 line.decode("utf-8")
@@ -105,30 +126,43 @@ def metrics_warning(path: Path) -> str | None:
             "collect.yml)")
 
 
-def read_status(path: Path) -> dict:
-    """A host's status record; {} when it is missing or not a status record."""
+def _status(path: Path) -> tuple[dict, str | None]:
+    """(the host's status record or {}, one line naming a status.json that is there but not a
+    status record, else None): the report is still written, without it."""
     try:
-        return status.read(path)
-    except status.StatusError:
-        return {}
+        return status.read(path), None
+    except status.StatusError as exc:
+        why = str(exc) if path.exists() else None
+    except RecursionError:  # nested too deep for json
+        why = f"{path}: nested too deep"
+    return {}, why and f"{why} (fix: collect it again with collect.yml; the report shows the host without it)"
+
+
+def read_status(path: Path) -> dict:
+    return _status(path)[0]
+
+
+def status_warning(path: Path) -> str | None:
+    return _status(path)[1]
 
 
 def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
+
+
+def host_warnings(host_dir: Path) -> list[str]:
+    return [w for w in (metrics_warning(host_dir / layout.METRICS), status_warning(host_dir / layout.STATUS)) if w]
 
 
 def load_run(run_dir: Path) -> dict[str, dict]:
     hosts = {}
     for d in sorted(p for p in run_dir.iterdir() if p.is_dir()):
         host = {"metrics": read_metrics(d / layout.METRICS), "status": read_status(d / layout.STATUS),
-                "diagnosis": read_json(d / DIAGNOSIS), "warnings": []}
-        warning = metrics_warning(d / layout.METRICS)
-        if warning:
-            host["warnings"].append(warning)
+                "diagnosis": read_json(d / DIAGNOSIS), "warnings": host_warnings(d)}
         if host["metrics"] or host["status"] or host["diagnosis"]:
             hosts[d.name] = host
     return hosts
@@ -137,17 +171,17 @@ def load_run(run_dir: Path) -> dict[str, dict]:
 def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
     xs, ys = [], []
     for i, r in enumerate(records):
-        v = r.get(key)
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-            xs.append(r.get(metrics.STEP, i))
-            ys.append(v)
+        if number(r.get(key)) is not None:
+            step = number(r.get(metrics.STEP))
+            xs.append(i if step is None else step)
+            ys.append(number(r[key]))
     return xs, ys
 
 
 def restart_rows(hosts: dict[str, dict]) -> list[tuple[str, int, int]]:
     """(host, start number, the step it resumed from) of every restart in the hosts' histories."""
     return [(name, r[metrics.INVOCATION], r[metrics.STEP])
-            for name, h in hosts.items() for r in metrics.restarts(h["metrics"])]
+            for name, h in hosts.items() for r in metrics.restarts(h["metrics"]) if number(r[metrics.STEP]) is not None]
 
 
 def mark_restarts(ax, hosts: dict[str, dict]) -> None:
@@ -206,7 +240,7 @@ def plots(hosts: dict[str, dict]) -> list[tuple[str, str]]:
         for hi, (name, host) in enumerate(hosts.items()):
             last = next((r for r in reversed(host["metrics"]) if isinstance(r.get(key), list) and r[key]), None)
             if last:
-                ys = [math.nan if v is None else v for v in last[key]]  # null: no cycle reached it
+                ys = [math.nan if number(v) is None else number(v) for v in last[key]]  # null: no cycle reached it
                 ax.plot(range(1, len(ys) + 1), ys, marker="o", color=f"C{hi}",
                         label=f"{name} (step {last.get(metrics.STEP)})")
                 drawn += 1
@@ -237,11 +271,11 @@ def summary_rows(hosts: dict[str, dict]) -> list[list[str]]:
         tau = next((r[metrics.TAU] for r in reversed(h["metrics"])
                     if isinstance(r.get(metrics.TAU), int | float)), None)
         d, s = h["diagnosis"], h["status"]
-        rows.append([name, d.get("verdict", "-"), s.get("phase", "-"), _fmt(s.get("step", last.get(metrics.STEP))),
-                     _fmt(s.get("epoch", last.get("epoch"))), d.get("newest_checkpoint") or s.get("newest_checkpoint") or "-",
+        rows.append([name, _fmt(d.get("verdict")), _fmt(s.get("phase")), _fmt(s.get("step", last.get(metrics.STEP))),
+                     _fmt(s.get("epoch", last.get("epoch"))), _fmt(d.get("newest_checkpoint") or s.get("newest_checkpoint")),
                      _fmt(last.get(metrics.LOSS)), _fmt(last.get("accept_proxy")), _fmt(tau),
                      _fmt(last.get("target_tokens_per_s"), 6), _fmt(last.get("drafter_rows_per_s"), 6),
-                     str(len(h["metrics"])), d.get("reason") or "-"])
+                     str(len(h["metrics"])), _fmt(d.get("reason") or None)])
     return rows
 
 
@@ -297,9 +331,12 @@ def render(run: str, hosts: dict[str, dict], serve_check: dict | None = None) ->
 
 def serve_check_part(check: dict) -> list[str]:
     """The report's lines for collect.yml's serve check: vLLM's acceptance beside dflash-eval's tau."""
-    e, vllm, ours = html.escape, check.get("vllm") or {}, check.get("dflash_eval") or {}
-    tau, theirs = ours.get(metrics.TAU), vllm.get("tau")
-    gap = f" ({(theirs / tau - 1) * 100:+.1f}%)" if isinstance(tau, int | float) and isinstance(theirs, int | float) and tau else ""
+    def part(key):  # a part that is not an object (a damaged file) shows as unknown
+        return check.get(key) if isinstance(check.get(key), dict) else {}
+
+    e, vllm, ours = html.escape, part("vllm"), part("dflash_eval")
+    tau, theirs = number(ours.get(metrics.TAU)), number(vllm.get("tau"))
+    gap = f" ({(theirs / tau - 1) * 100:+.1f}%)" if tau and theirs is not None else ""
     return ["<h2>Served by vLLM</h2>",
             f'<p id="serve-check">vLLM {e(str(vllm.get("vllm_version", "?")))} on {e(str(check.get("host")))}: mean '
             f"acceptance length <b>{_fmt(theirs)}</b> ({vllm.get('drafts', '?')} drafts, {vllm.get('accepted', '?')} "
@@ -329,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     hosts = load_run(args.run_dir)
     for d in sorted(p for p in args.run_dir.iterdir() if p.is_dir()):
         # a host left out for having no readable record is named too (its file may be all bad)
-        for warning in hosts[d.name]["warnings"] if d.name in hosts else filter(None, [metrics_warning(d / layout.METRICS)]):
+        for warning in hosts[d.name]["warnings"] if d.name in hosts else host_warnings(d):
             print(f"warning: {warning}", file=sys.stderr)
     if not hosts:
         print(f"{args.run_dir}: not a run directory: no host directory in it has {layout.METRICS}, "

@@ -3,7 +3,8 @@ never a Python traceback: run entries of flashfleet_runs (playbooks/filter_plugi
 flashfleet_run_entries.py, which check_run.yml runs before any host is touched; the same through
 the playbooks: tests/playbooks/test_check_run_generated.py), and the offline tools on damaged
 files: flashfleet-classify RUNS_DIR classifies every host whose evidence it can read and makes the
-others `no-evidence` rows naming the file.
+others `no-evidence` rows naming the file; flashfleet-report RUN_DIR builds the report from what is
+readable, naming each damaged file in one warning line, or refuses the directory in one line.
 
 Hypothesis generates the malformed input from the schema the checker itself declares (FIELDS,
 SUBFIELDS), so a field added there is fuzzed too.
@@ -20,8 +21,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import flashfleet.classify as fc
+import flashfleet.report as fr
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -252,3 +255,87 @@ def test_a_corrupt_value_at_any_evidence_key_gives_a_verdict_never_a_traceback(d
     assert "Traceback" not in err
     # A value classify() cannot take (a reader's bug) is the host's row, naming the reader.
     assert bad["verdict"] != "no-evidence" or bad["reason"].startswith(str(Path(tmp) / "v2" / "bad" / "evidence.json"))
+
+
+# ---------------------------------------------------------------- flashfleet-report RUN_DIR
+
+GOOD_RECORDS = [{"step": 1, "loss": 2.0, "acc": [0.5, 0.3], "accept_proxy": 1.5, "invocation": 1},
+                {"step": 2, "loss": 1.5, "acc": [0.6, 0.3], "accept_proxy": 1.6, "invocation": 1}]
+METRIC_KEYS = sorted(set(fr.metrics.STEP_KEYS + fr.metrics.EVAL_KEYS) | {fr.metrics.INVOCATION})
+
+
+def _report_dir(root, metrics_bytes: bytes, status=None, diagnosis=None) -> Path:
+    host = root / "v2" / "gpu01"
+    host.mkdir(parents=True, exist_ok=True)
+    (host / "metrics.jsonl").write_bytes(metrics_bytes)
+    for name, doc in (("status.json", status), ("diagnosis.json", diagnosis)):
+        if doc is not None:
+            (host / name).write_bytes(doc if isinstance(doc, bytes) else json.dumps(doc).encode())
+    return root / "v2"
+
+
+def _jsonl(records) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in records)
+
+
+def _report(run_dir) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        rc = fr.main([str(run_dir)])
+    return rc, err.getvalue()
+
+
+@pytest.mark.parametrize("status, says", [(b"", "not JSON"), (b'{"phase": "train', "not JSON"),
+                                          ([1], "not a JSON object"), ({"phase": 3}, "unknown phase 3")])
+def test_a_damaged_status_file_is_named_and_the_report_still_written(tmp_path, status, says):
+    run = _report_dir(tmp_path, _jsonl(GOOD_RECORDS), status=status)
+    with mock.patch.object(fr, "plots", lambda hosts: []):
+        rc, err = _report(run)
+    (line,) = err.splitlines()
+    assert rc == 0 and line.startswith(f"warning: {run / 'gpu01' / 'status.json'}: {says}") and "(fix: " in line
+    assert "<td>gpu01</td>" in (run / "report.html").read_text()
+
+
+@pytest.mark.parametrize("records, diagnosis", [
+    ([{**GOOD_RECORDS[0], "step": {}}, {**GOOD_RECORDS[1], "step": [[1]]}], None),  # plots: float() of a dict
+    ([{**GOOD_RECORDS[0], "loss": 10**400, "peak_mem_bytes": 10**400}], None),  # int too large for a float
+    ([{**r, "loss": 1e308} for r in GOOD_RECORDS], None),  # matplotlib's ticks overflow
+    (GOOD_RECORDS, {"verdict": None, "reason": True, "newest_checkpoint": ["x"]}),  # html.escape of None
+])
+def test_values_of_the_wrong_type_give_a_report_not_a_traceback(tmp_path, records, diagnosis):
+    pytest.importorskip("matplotlib")
+    rc, err = _report(_report_dir(tmp_path, _jsonl(records), diagnosis=diagnosis))
+    assert rc == 0 and err == ""
+    assert "<td>gpu01</td>" in (tmp_path / "v2" / "report.html").read_text()
+
+
+records = st.lists(st.dictionaries(st.sampled_from(METRIC_KEYS), values, max_size=4)
+                   .map(lambda r: {**GOOD_RECORDS[0], **r}), max_size=4)
+raw_lines = st.lists(st.binary(max_size=20).map(lambda b: b.replace(b"\n", b"") + b"\n"), max_size=2)
+status_docs = st.none() | st.binary(max_size=20) | st.dictionaries(
+    st.sampled_from(["phase", "step", "epoch", "newest_checkpoint", "pid"]), values, max_size=3) | values
+diagnosis_docs = st.none() | st.dictionaries(st.sampled_from(["verdict", "reason", "newest_checkpoint"]), values,
+                                             max_size=3) | values
+
+
+def _report_never_raises(recs, raw, status, diagnosis, plot):
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(fr, "plots", fr.plots if plot else lambda h: []):
+        run = _report_dir(Path(tmp), _jsonl(recs) + b"".join(raw), status=status, diagnosis=diagnosis)
+        rc, err = _report(run)
+        assert rc in (0, 2) and "Traceback" not in err
+        assert (rc == 0) == (run / "report.html").exists()
+        # every stderr line is a warning naming a file, or the one refusal of the directory
+        assert all(line.startswith("warning: ") or "not a run directory" in line for line in err.splitlines()), err
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recs=records, raw=raw_lines, status=status_docs, diagnosis=diagnosis_docs)
+def test_generated_damage_gives_a_report_or_one_refusal(recs, raw, status, diagnosis):
+    _report_never_raises(recs, raw, status, diagnosis, plot=False)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recs=records.filter(bool), raw=raw_lines, status=status_docs, diagnosis=diagnosis_docs)
+def test_generated_damage_is_plotted_without_a_traceback(recs, raw, status, diagnosis):
+    pytest.importorskip("matplotlib")
+    _report_never_raises(recs, raw, status, diagnosis, plot=True)

@@ -115,7 +115,7 @@ def convs(tmp_path) -> Path:
 # ---- 1. an export never writes into, or deletes, the run it reads from -----------------------------
 
 @pytest.fixture
-def run_dir(trained, tmp_path):
+def run_dir(trained, tmp_path):  # noqa: F811 (the fixture imported above)
     import shutil
 
     return Path(shutil.copytree(trained, tmp_path / "run"))

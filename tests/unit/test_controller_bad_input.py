@@ -222,6 +222,22 @@ def test_a_classifier_crash_is_the_hosts_row_naming_the_reader(tmp_path, monkeyp
     assert "[gpu01] completed" in out and "[gpu02] no-evidence" in out
 
 
+@pytest.mark.parametrize("path, value, says", [
+    # Each crashed a reader before the shape check named it (journal.parse_systemd_time, journal.field,
+    # rules.not_restarted, rules.disk_full, disk.nearly_full, rules.free, verdict.death_rows, gpu.gpu_findings).
+    (("unit_props", "properties", "ExecMainExitTimestamp"), 1, "unit_props.properties.ExecMainExitTimestamp is a number, not a string"),
+    (("unit_props", "properties", "Restart"), ["no"], "unit_props.properties.Restart is a list, not a string"),
+    (("journal", "entries", 0), None, "journal.entries[0] is null, not an object"),
+    (("disk", "output_dir"), 1, "disk.output_dir is a number, not an object"),
+    (("disk", "output_dir", "free_bytes"), "1", "disk.output_dir.free_bytes is a string, not a number"),
+    (("deaths",), {"records": [1]}, "deaths.records[0] is a number, not an object"),
+    (("gpu",), {"gpus": ["x"]}, "gpu.gpus[0] is a string, not an object"),
+])
+def test_a_value_a_reader_cannot_take_is_named_before_classify(tmp_path, path, value, says):
+    rc, out, err = _classify(_run_dir(tmp_path, {"gpu01": _corrupt(_doc("disk-full", "gpu01"), path, value)}))
+    assert rc == 1 and err.startswith(f"{tmp_path / 'v2' / 'gpu01' / 'evidence.json'}: not evidence: {says} (fix: "), err
+
+
 def _paths(node, at=()):
     """Every key path of a document (lists: their first items)."""
     items = node.items() if isinstance(node, dict) else enumerate(node[:1]) if isinstance(node, list) else []

@@ -105,6 +105,12 @@ EVIDENCE_SHAPE = {
     "gpu.gpus": list, "venv": dict, "venv.drift": list, "venv.drift[]": dict, "cgroup": dict,
     "cgroup.own": list, "disk": dict, "config": dict, "deaths": dict, "deaths.records": list,
     "servers": dict, "servers.units": list, "servers.units[]": dict,
+    # Read without a type check by the readers (found by generated evidence: a wrong type crashed them).
+    "unit_props.properties.ExecMainStartTimestamp": str, "unit_props.properties.ExecMainExitTimestamp": str,
+    "unit_props.properties.Restart": str, "disk.output_dir": dict, "disk.checkpoints": dict,
+    "disk.output_dir.path": str, "disk.output_dir.free_bytes": (int, float), "disk.checkpoints.path": str,
+    "disk.checkpoints.free_bytes": (int, float),
+    "deaths.records[]": dict, "gpu.gpus[]": dict,
 }
 JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
 
@@ -117,9 +123,10 @@ def shape_problem(evidence: dict) -> str | None:
             node = node.get(key) if isinstance(node, dict) else None
         values = list(enumerate(node)) if items and isinstance(node, list) else [(None, node)]
         for i, v in values:
-            if v is not None and not isinstance(v, want) or isinstance(v, bool):
+            # null stands for a field left out, but never for an item of a list (readers take each as is)
+            if (v is not None or i is not None) and not isinstance(v, want) or isinstance(v, bool):
                 name = path.replace("[]", f"[{i}]")
-                got = "a boolean" if isinstance(v, bool) else JSON_NAMES.get(type(v), type(v).__name__)
+                got = "a boolean" if isinstance(v, bool) else "null" if v is None else JSON_NAMES.get(type(v), type(v).__name__)
                 wanted = JSON_NAMES[want[0] if isinstance(want, tuple) else want]
                 return f"{name} is {got}, not {wanted}"
     return None

@@ -11,6 +11,12 @@ and every test is checked (_no_ansible_left) for Ansible left imported or sys.in
 --shuffle-seed N: run the collected tests in an order shuffled with random.Random(N), to show that
 no test depends on another's having run first (`pytest tests/unit --shuffle-seed 1`). Off by
 default, so `make test` keeps the files' order.
+
+Hypothesis, for the property-based tests of bad input: profile "ci" (the default: derandomized, so
+every run tries the same examples, and a budget that keeps `make test` within its time) or
+"nightly" (20x the examples, a new random draw each run):
+    HYPOTHESIS_PROFILE=nightly .venv/bin/pytest -q -k "generated or bad_input"
+A test asks for `examples(n)`: n times the profile's budget.
 """
 
 from __future__ import annotations
@@ -28,8 +34,19 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parents[1]
+
+CI_EXAMPLES = 20
+settings.register_profile("ci", max_examples=CI_EXAMPLES, derandomize=True, deadline=None, database=None)
+settings.register_profile("nightly", max_examples=20 * CI_EXAMPLES, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def examples(n: float = 1) -> int:
+    """n x the profile's budget of examples: cheap properties get more than slow ones."""
+    return max(1, int(n * settings.default.max_examples))
 
 # One torch (OpenMP/BLAS) thread in the test process and the trainers it starts: the tests' models
 # are tiny, and on a two-core machine a second thread only adds synchronization (the trainer tests

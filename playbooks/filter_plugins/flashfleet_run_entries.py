@@ -59,10 +59,11 @@ KINDS = {
     "oom": (lambda v: v in ("stop", "kill", "continue"), "one of stop, kill, continue"),
 }
 
-# The entry's fields (roles/train_unit/meta/argument_specs.yml, and `data` of roles/training_data):
+# The entry's fields, as roles/train_unit/meta/argument_specs.yml lists them (its train_unit_spec;
+# tests/unit/test_controller_bad_input.py keeps the two equal):
 # field: (kind, example for the fix), and for a mapping its own fields (any others are refused).
 FIELDS = {
-    "trainer": ("mapping", "trainer: {target_model: /dev/shm/models/tiny, target_gpus: \"0\"}"),
+    "trainer": ("mapping", "trainer: {target_model: /srv/models/target, target_gpus: \"0\"}"),
     "hosts": ("hosts", "hosts: [ct200]"),
     "group": ("text", "group: gpu_nodes"),
     "resources": ("mapping", "resources: {start_timeout_s: 1800}"),

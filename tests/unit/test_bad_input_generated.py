@@ -4,8 +4,7 @@ error), no traceback, nothing created, changed or deleted, no model loaded, no s
 First the failures a user found (each fails without its fix), then property-based tests that
 generate malformed values from each input's schema (RunConfig's field metadata for dflash-train).
 
-Hypothesis profiles: "ci" (default, a small budget) and "nightly" (20x the examples):
-    HYPOTHESIS_PROFILE=nightly .venv/bin/pytest -q tests/unit/test_bad_input_generated.py
+Hypothesis's profiles ("ci", the default, and "nightly") are tests/conftest.py's.
 """
 
 import http.server
@@ -20,17 +19,8 @@ from flashfleet.contract import messages
 from flashfleet.contract.messages import EX_CONFIG
 from hypothesis import HealthCheck, settings
 
+from tests.conftest import examples
 from tests.unit.test_bad_input import _both_refuse, _tree, no_target_load, trained  # noqa: F401 (fixtures)
-
-CI_EXAMPLES = 20
-settings.register_profile("ci", max_examples=CI_EXAMPLES)
-settings.register_profile("nightly", max_examples=20 * CI_EXAMPLES)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-
-def examples(n: int = 1) -> int:
-    """n x the profile's budget: the cheap properties get more examples than the slow ones."""
-    return n * settings.default.max_examples
 
 
 def gen_settings(n: int = 1):

@@ -26,19 +26,18 @@ from unittest import mock
 import flashfleet.classify as fc
 import flashfleet.report as fr
 import pytest
+from flashfleet.classify import cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flashfleet.classify import cli
-
-from tests.conftest import ROOT
+from tests.conftest import ROOT, examples
 
 _spec = importlib.util.spec_from_file_location("flashfleet_run_entries",
                                                ROOT / "playbooks/filter_plugins/flashfleet_run_entries.py")
 entries = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(entries)
 
-FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=examples(10), suppress_health_check=[HealthCheck.too_slow])
 
 # Any value YAML or JSON can give a field.
 values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
@@ -49,6 +48,14 @@ GOOD = {"hosts": ["ct200"], "trainer": {"target_model": "/m", "drafter_gpus": "4
         "resources": {"start_timeout_s": 60, "oom_policy": "stop"}, "wandb": {"project": "p", "settings": {}},
         "webhook": {"url": "https://hooks.example.org/x"}, "nccl": {"NCCL_SOCKET_IFNAME": "ens1"},
         "vllm": {"servers": [{"port": 8100, "gpus": "0,1"}, {"port": 8101, "gpus": "2,3"}], "args": {}}}
+
+
+def test_the_checked_fields_are_the_role_argument_specs():
+    """The checker's FIELDS name exactly the fields train_unit's argument spec accepts in a run entry."""
+    import yaml
+    spec = yaml.safe_load((ROOT / "roles/train_unit/meta/argument_specs.yml").read_text())
+    fields = spec["argument_specs"]["main"]["options"]["train_unit_spec"]["options"]
+    assert set(entries.FIELDS) == set(fields)
 
 
 def problems(name, entry):
@@ -257,7 +264,7 @@ def _corrupt(doc, path, value):
 EVIDENCE_DOCS = sorted(p.stem for p in HANDBUILT.glob("*.json"))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(7.5), suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), name=st.sampled_from(EVIDENCE_DOCS))
 def test_a_corrupt_value_at_any_evidence_key_gives_a_verdict_never_a_traceback(data, name):
     doc = _doc(name)
@@ -344,13 +351,13 @@ def _report_never_raises(recs, raw, status, diagnosis, plot):
         assert all(line.startswith("warning: ") or "not a run directory" in line for line in err.splitlines()), err
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(7.5), suppress_health_check=[HealthCheck.too_slow])
 @given(recs=records, raw=raw_lines, status=status_docs, diagnosis=diagnosis_docs)
 def test_generated_damage_gives_a_report_or_one_refusal(recs, raw, status, diagnosis):
     _report_never_raises(recs, raw, status, diagnosis, plot=False)
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(0.25), suppress_health_check=[HealthCheck.too_slow])
 @given(recs=records.filter(bool), raw=raw_lines, status=status_docs, diagnosis=diagnosis_docs)
 def test_generated_damage_is_plotted_without_a_traceback(recs, raw, status, diagnosis):
     pytest.importorskip("matplotlib")

@@ -116,3 +116,12 @@ def test_a_corrected_machine_check_is_not_a_death():
     assert fc.classify(died(lines, kernel=[corrected]))["verdict"] == "crash"
     uncorrected = hb.kmsg(hb.T0 + 2990, "mce: [Hardware Error]: CPU 3: Machine Check: 0 Bank 5: bc00000000010091")
     assert fc.classify(died(lines, kernel=[uncorrected]))["verdict"] == "host-hardware-error"
+
+
+def test_an_unrecognised_failure_ranks_each_sources_lines_kernel_first():
+    nvme = hb.kmsg(hb.T0 + 2998, "nvme0n1: I/O Cmd(0x2) @ LBA 8192, 8 blocks, I/O Error (sct 0x2 / sc 0x81)")
+    lines = [hb.out(hb.T0 + 2999, "loader: shard 12 failed its read, giving up")]
+    result = fc.classify(died(lines, kernel=[nvme]))
+    reason = result["reason"]
+    assert reason.startswith("unrecognised failure: kernel: nvme0n1") and "shard 12 failed" in reason, reason
+    assert any("nvme0n1" in line for line in result["evidence"]), result["evidence"]

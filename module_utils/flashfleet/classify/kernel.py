@@ -39,7 +39,8 @@ def kernel_scan(evidence: dict, start: float | None, end: float | None) -> dict:
     kills, every Xid (in order), the other host findings (`nvrm`: NVRM's API mismatch, an adapter that
     did not initialise; KERNEL_SIGNATURES: a failing filesystem, a PCIe AER failure) and user-space
     crash lines (segfault, trap) naming the faulting library, and the kernel catalogue's families
-    (`families`: machine checks, hung tasks, lockups, NFS, the kernel's own faults)."""
+    (`families`: machine checks, hung tasks, lockups, NFS, the kernel's own faults); `texts`: every
+    line of the window, for a failure no rule knows."""
     kernel = evidence.get("kernel") or {}
     lo = start - KERNEL_BEFORE_START_S if start is not None else None
     hi = end + KERNEL_AFTER_EXIT_S if end is not None else None
@@ -105,7 +106,8 @@ def kernel_scan(evidence: dict, start: float | None, end: float | None) -> dict:
             if entry.verdict == "filesystem-error" and not any(h["text"] == text.strip() for h in nvrm):
                 nvrm.append({"kind": entry.verdict, "action": entry.action, "ts": ts, "line": kline(ts, text),
                              "what": entry.meaning, "source": "kernel", "text": text.strip()})
-    return {"ooms": list(ooms.values()), "xids": xids, "nvrm": nvrm, "faults": faults, "families": families}
+    return {"ooms": list(ooms.values()), "xids": xids, "nvrm": nvrm, "faults": faults, "families": families,
+            "texts": texts}
 
 
 def _xid(m: re.Match, ts: float | None, text: str) -> dict:

@@ -9,6 +9,7 @@ asks for it."""
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 
 from ..contract import messages
@@ -28,7 +29,7 @@ from .journal import (
     realtime,
     status_time,
 )
-from .kernel import host_memcg, kernel_reason, memcg_in_host, memcg_names_other_unit
+from .kernel import host_memcg, kernel_reason, kline, memcg_in_host, memcg_names_other_unit
 from .output import (
     app_signatures,
     exception_block,
@@ -63,6 +64,10 @@ from .signatures import (
     XID_CATALOG,
     XID_HARDWARE,
 )
+
+# systemd's own lines that every failed end has: not what is specific about this one.
+RE_ROUTINE_SYSTEMD = re.compile(r"Main process exited|Failed with result|Failed to start|Scheduled restart job"
+                                r"|Consumed \S+ CPU time|Stopped |Start request repeated")
 
 # The catalogues whose entries name a library's own failure: searched in the whole tail of the output,
 # where the generic ones (an errno's message, an HTTP status) are read only in the lines that failed.
@@ -671,12 +676,17 @@ def crash(d: Death) -> Finding | None:
         if said:
             reason = f"{exit_desc}; the output says: {strip_prefix(said[1]).strip()[:240]}{xid_note}{host_note}"
             exc = {"lines": [jline(*said)]}
-        else:  # no rule knows it: the most specific lines, said to be unrecognised
+        else:  # no rule knows it: the most specific lines of each source, the kernel's and systemd's first
             specific = specific_lines(app)
-            reason = (f"unrecognised failure: {' / '.join(strip_prefix(x[1]).strip()[:200] for x in specific)} "
-                      f"({exit_desc}){xid_note}{host_note}" if specific else
+            kernel = [(ts, t) for ts, t in d.scan.get("texts", []) if RE_SPECIFIC.search(t)][-2:]
+            manager = [(realtime(e), message(e)) for e in d.inv.entries if is_manager_entry(e)
+                       and RE_SPECIFIC.search(message(e)) and not RE_ROUTINE_SYSTEMD.search(message(e))][-2:]
+            said = ([f"kernel: {t.strip()[:200]}" for _, t in kernel] + [f"systemd: {t.strip()[:200]}" for _, t in manager]
+                    + [strip_prefix(x[1]).strip()[:200] for x in specific])
+            reason = (f"unrecognised failure: {' / '.join(said)} ({exit_desc}){xid_note}{host_note}" if said else
                       f"{exit_desc}, no output from the trainer{xid_note}{host_note}")
-            exc = {"lines": [jline(*x) for x in specific]} if specific else None
+            lines = [kline(*x) for x in kernel] + [jline(*x) for x in manager] + [jline(*x) for x in specific]
+            exc = {"lines": lines} if lines else None
     xid_entry = next((e for x in app_xids[-1:] for e in catalogues.CATALOGUES["xid"] if e.number == x["code"]), None)
     cited = (d.catalogued or ((xid_entry, app_xids[-1]["line"]) if xid_entry else None)
              or ((d.signal_entry, d.exit_desc) if d.signal_entry else None))

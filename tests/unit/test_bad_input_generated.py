@@ -20,7 +20,7 @@ from flashfleet.contract.messages import EX_CONFIG
 from hypothesis import HealthCheck, settings
 
 from tests.conftest import examples
-from tests.unit.test_bad_input import _both_refuse, _tree, no_target_load, trained  # noqa: F401 (fixtures)
+from tests.unit.test_bad_input import _both_refuse, _tree, no_target_load, out_dir, trained  # noqa: F401 (fixtures)
 
 
 def gen_settings(n: int = 1):
@@ -381,22 +381,13 @@ def bad_train_number(draw):
     return flag(f.name), draw(st.one_of([s for s in wrong if not s.is_empty]))
 
 
-@pytest.fixture
-def sentinel(tmp_path):
-    """An output dir with a file in it: what every refusal must leave exactly as it was."""
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "sentinel.txt").write_text("before\n")
-    return out
-
-
 @gen_settings(6)
 @given(bad=bad_train_number())
-def test_train_numeric_flag(bad, trainer_argv, sentinel, capsys, no_target_load):  # noqa: F811
+def test_train_numeric_flag(bad, trainer_argv, out_dir, capsys, no_target_load):  # noqa: F811
     from flashfleet_trainer.cli import main
 
     flag, value = bad
-    refused(lambda: main([*trainer_argv(out=sentinel), f"{flag}={value}", "--check"]), [sentinel], capsys)
+    refused(lambda: main([*trainer_argv(out=out_dir), f"{flag}={value}", "--check"]), [out_dir], capsys)
 
 
 def _path_cases(tmp: Path):
@@ -426,17 +417,17 @@ TRAIN_PATHS = {"--target-model": ["missing", "file", "under-file", "empty-dir", 
 
 @gen_settings(2)
 @given(case=st.sampled_from([(k, v) for k, vs in TRAIN_PATHS.items() for v in vs]))
-def test_train_path_flag(case, trainer_argv, sentinel, tmp_path, capsys, no_target_load):  # noqa: F811
+def test_train_path_flag(case, trainer_argv, out_dir, tmp_path, capsys, no_target_load):  # noqa: F811
     from flashfleet_trainer.cli import main
 
     flag, kind = case
     path = str(_path_cases(tmp_path)[kind])
-    argv = trainer_argv(out=sentinel)
+    argv = trainer_argv(out=out_dir)
     if flag in argv:
         argv[argv.index(flag) + 1] = path
     else:
         argv += [flag, path]
-    refused(lambda: main([*argv, "--check"]), [sentinel, tmp_path / "empty-dir"], capsys)
+    refused(lambda: main([*argv, "--check"]), [out_dir, tmp_path / "empty-dir"], capsys)
 
 
 # JSON values of a type no field of that type takes (a string field converts numbers: not generated).
@@ -504,23 +495,23 @@ def bad_config(draw):
 
 @gen_settings(6)
 @given(bad=bad_config())
-def test_train_config_json(bad, trainer_tiny, sentinel, tmp_path, capsys, no_target_load):  # noqa: F811
+def test_train_config_json(bad, trainer_tiny, out_dir, tmp_path, capsys, no_target_load):  # noqa: F811
     from flashfleet_trainer.cli import main
 
     spoilt, key = bad
-    cfg = {**base_config(trainer_tiny, sentinel), **spoilt} if isinstance(spoilt, dict) else spoilt
+    cfg = {**base_config(trainer_tiny, out_dir), **spoilt} if isinstance(spoilt, dict) else spoilt
     path = tmp_path / "run.json"
     path.write_bytes(cfg if isinstance(cfg, bytes) else json.dumps(cfg).encode())
-    line = refused(lambda: main(["--config", str(path), "--check"]), [sentinel], capsys)
+    line = refused(lambda: main(["--config", str(path), "--check"]), [out_dir], capsys)
     assert key is None or key.replace("_", "-") in line or repr(key) in line or key in line, line
 
 
-def test_the_good_config_is_good(trainer_tiny, sentinel, tmp_path, capsys):
+def test_the_good_config_is_good(trainer_tiny, out_dir, tmp_path, capsys):  # noqa: F811
     """The properties above spoil one key of this: it must pass on its own."""
     from flashfleet_trainer.cli import main
 
     path = tmp_path / "run.json"
-    path.write_text(json.dumps(base_config(trainer_tiny, sentinel)))
+    path.write_text(json.dumps(base_config(trainer_tiny, out_dir)))
     assert main(["--config", str(path), "--check"]) == 0, capsys.readouterr().err
 
 
@@ -552,15 +543,15 @@ def bad_eval(draw, tmp: Path):
 
 @gen_settings(3)
 @given(data=st.data())
-def test_eval_bad_input(data, trainer_tiny, sentinel, tmp_path, capsys, no_target_load):  # noqa: F811
+def test_eval_bad_input(data, trainer_tiny, out_dir, tmp_path, capsys, no_target_load):  # noqa: F811
     from flashfleet_trainer.evaluate import main
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"input_ids": [1, 2, 3]}) + "\n")
     extra = data.draw(bad_eval(tmp_path))
-    argv = ["--target-model", str(trainer_tiny / "model"), "--output-dir", str(sentinel), "--random-drafter",
+    argv = ["--target-model", str(trainer_tiny / "model"), "--output-dir", str(out_dir), "--random-drafter",
             "--prompts", str(prompts), *extra]
-    refused(lambda: main(argv), [sentinel, trainer_tiny / "model"], capsys)
+    refused(lambda: main(argv), [out_dir, trainer_tiny / "model"], capsys)
 
 
 # ---- dflash-export -------------------------------------------------------------------------------
@@ -673,8 +664,8 @@ def _string_cases():
 
 @gen_settings(4)
 @given(case=_string_cases())
-def test_train_string_flag(case, trainer_argv, sentinel, capsys, no_target_load):  # noqa: F811
+def test_train_string_flag(case, trainer_argv, out_dir, capsys, no_target_load):  # noqa: F811
     from flashfleet_trainer.cli import main
 
     flag, value = case
-    refused(lambda: main([*trainer_argv(out=sentinel), f"{flag}={value}", "--check"]), [sentinel], capsys)
+    refused(lambda: main([*trainer_argv(out=out_dir), f"{flag}={value}", "--check"]), [out_dir], capsys)

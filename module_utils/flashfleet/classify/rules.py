@@ -183,6 +183,13 @@ class Death:
         return next((e for e in catalogues.CATALOGUES["signals"] if e.number == self.sig), None)
 
     @cached_property
+    def systemd_said(self) -> list[tuple[float | None, str]]:
+        """systemd's own lines about the invocation that say something specific (not the routine
+        exit lines every failed end has)."""
+        return [(realtime(e), message(e)) for e in self.inv.entries if is_manager_entry(e)
+                and RE_SPECIFIC.search(message(e)) and not RE_ROUTINE_SYSTEMD.search(message(e))]
+
+    @cached_property
     def memory_max(self) -> str | None:
         """The unit's MemoryMax= when it sets one (systemd shows `infinity` when it does not)."""
         limit = str(self.props.get("MemoryMax") or "").strip()
@@ -390,8 +397,7 @@ def exec_failed(d: Death) -> Finding | None:
         never_ran = catalogues.lookup(f"Failed with result '{d.facts['result']}'.", "systemd", {"exec-failed"})
         if never_ran is None:
             return None
-        said = [(realtime(e), message(e)) for e in d.inv.entries if is_manager_entry(e)
-                and RE_SPECIFIC.search(message(e)) and "Failed with result" not in message(e)]
+        said = d.systemd_said
         return Finding("exec-failed", f"{never_ran.meaning}" + (f": {said[-1][1].strip()[:240]}" if said else "")
                        + f" ({d.exit_desc})", d.base + [jline(*x) for x in said[-2:]], action=never_ran.action)
     step = step_hit[2].group("step") if step_hit else (d.facts.get("name") or SYSTEMD_EXIT_STEPS.get(d.sig))
@@ -679,8 +685,7 @@ def crash(d: Death) -> Finding | None:
         else:  # no rule knows it: the most specific lines of each source, the kernel's and systemd's first
             specific = specific_lines(app)
             kernel = [(ts, t) for ts, t in d.scan.get("texts", []) if RE_SPECIFIC.search(t)][-2:]
-            manager = [(realtime(e), message(e)) for e in d.inv.entries if is_manager_entry(e)
-                       and RE_SPECIFIC.search(message(e)) and not RE_ROUTINE_SYSTEMD.search(message(e))][-2:]
+            manager = d.systemd_said[-2:]
             said = ([f"kernel: {t.strip()[:200]}" for _, t in kernel] + [f"systemd: {t.strip()[:200]}" for _, t in manager]
                     + [strip_prefix(x[1]).strip()[:200] for x in specific])
             reason = (f"unrecognised failure: {' / '.join(said)} ({exit_desc}){xid_note}{host_note}" if said else

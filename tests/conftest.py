@@ -9,8 +9,11 @@ the process's SIGINT and SIGTERM handlers. So run_playbook runs ansible-runner i
 and every test is checked (_no_ansible_left) for Ansible left imported or sys.intern patched.
 
 --shuffle-seed N: run the collected tests in an order shuffled with random.Random(N), to show that
-no test depends on another's having run first (`pytest tests/unit --shuffle-seed 1`). Off by
-default, so `make test` keeps the files' order.
+no test depends on another's having run first (`pytest tests/unit --shuffle-seed 1`). The files'
+order is shuffled, and the tests' order within each file, but a file's tests stay together: a
+module-scoped fixture (a vLLM server, a trained drafter) is still set up once. `make test` runs
+the suite shuffled with a fixed seed (tests/stages.sh, PYTEST_SHUFFLE_SEED), so CI is repeatable
+and still proves the order does not matter; other seeds try other orders.
 
 Hypothesis, for the property-based tests of bad input: profile "ci" (the default: derandomized, so
 every run tries the same examples, and a budget that keeps `make test` within its time) or
@@ -68,8 +71,16 @@ def pytest_report_header(config):
 
 def pytest_collection_modifyitems(config, items):
     seed = config.getoption("--shuffle-seed")
-    if seed is not None:
-        random.Random(seed).shuffle(items)
+    if seed is None:
+        return
+    rng, files = random.Random(seed), {}
+    for item in items:  # grouped by file, in collection order
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    groups = list(files.values())
+    rng.shuffle(groups)
+    for group in groups:
+        rng.shuffle(group)
+    items[:] = [item for group in groups for item in group]
 
 
 _BUILTIN_INTERN, _GETADDRINFO = sys.intern, socket.getaddrinfo

@@ -38,7 +38,8 @@ check_lanes() {
 run_stage() {  # run_stage NAME: the stage's command
   case "$1" in
     lint) yamllint -s . && ruff check . && ansible-lint --profile production ;;
-    pytest) pytest -q ;;
+    # Shuffled (tests/conftest.py): no test may depend on another's having run first.
+    pytest) pytest -q --shuffle-seed "${PYTEST_SHUFFLE_SEED:-51}" ;;
     # profile_tasks: each playbook run ends with its slowest tasks (Molecule's own ansible.cfg
     # replaces the project's, which enables it). NO_COLOR: plain lines, as CI gets them; in colour
     # Molecule frames its output and wraps long lines, splitting a failed task's result.

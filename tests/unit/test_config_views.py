@@ -55,7 +55,7 @@ def test_a_view_is_built_from_the_configuration_or_a_larger_view():
     run = RunConfig(target_model="/models/t", target_compile="off", use_soft_labels=True)
     feed = view(FeedSettings, run)
     assert feed == FeedSettings(target_model="/models/t", target_compile="off", use_soft_labels=True,
-                                kl_weight=run.kl_weight)
+                                kl_weight=run.kl_weight, ce_target=run.ce_target)
     assert view(TargetSettings, feed) == TargetSettings(target_model="/models/t", target_compile="off")
     with pytest.raises(dataclasses.FrozenInstanceError):
         feed.kl_weight = 0.0

@@ -199,6 +199,11 @@ class RunConfig:
         "--check refuses it otherwise", group="drafter")
 
     # loss
+    ce_target: str = setting(
+        "data", "what the CE term's label is at each supervised row: data (the data set's token) or "
+        "target-argmax (the target's most likely token there: what a greedy target accepts; its final "
+        "state is then computed, as for soft labels); combines with --use-soft-labels",
+        group="loss", choices=("data", "target-argmax"))
     use_soft_labels: bool = setting(False, "add KL to the target's distribution", group="loss")
     kl_temperature: float = setting(1.0, "softmax temperature T of the KL term", group="loss", gt=0)
     kl_weight: float = setting(0.5, "w in loss = w*T^2*KL + (1-w)*CE (only with --use-soft-labels)",

@@ -475,7 +475,7 @@ def serving_commands(target_path: str, drafter_path: str, block_size: int, slidi
 
 CARD_SETTINGS = ("epochs", "max_steps", "lr", "warmup_ratio", "weight_decay", "grad_accum", "token_budget",
                  "max_seq_len", "max_anchors", "block_size", "num_draft_layers", "target_layers", "mask_token_id",
-                 "loss_weighting", "streak_alpha", "decay_gamma", "use_soft_labels", "kl_weight", "kl_temperature",
+                 "loss_weighting", "streak_alpha", "decay_gamma", "ce_target", "use_soft_labels", "kl_weight", "kl_temperature",
                  "teacher_fp8", "noise_start", "noise_end", "seed", "data_dir", "init_from")
 
 

@@ -82,14 +82,16 @@ class FeedSettings:
     target_compile: str
     use_soft_labels: bool
     kl_weight: float
+    ce_target: str
 
 
 def wants_final_state(s: FeedSettings) -> bool:
-    """Whether the target's final normed state goes with its features: only the teacher logits of
-    the loss's KL term read it (soft labels with a KL weight above 0); otherwise the target's
-    forward stops at its deepest feature layer and the trainer gathers no teacher rows. `s`: any
-    view holding use_soft_labels and kl_weight (vllm_target.VllmSettings has them too)."""
-    return s.use_soft_labels and s.kl_weight > 0
+    """Whether the target's final normed state goes with its features: only the loss's teacher logits
+    read it (the KL term: soft labels with a KL weight above 0; the CE label: --ce-target
+    target-argmax); otherwise the target's forward stops at its deepest feature layer and the trainer
+    gathers no teacher rows. `s`: any view holding use_soft_labels, kl_weight and ce_target
+    (vllm_target.VllmSettings has them too)."""
+    return (s.use_soft_labels and s.kl_weight > 0) or s.ce_target == "target-argmax"
 
 
 @dataclass

@@ -102,14 +102,33 @@ def acceptance_proxy(acc: list[float]) -> float:
     return total
 
 
+ARGMAX_CHUNK_ELEMENTS = 1 << 26  # logits per chunk of target_argmax_labels (256 MiB in fp32)
+
+
+@torch.no_grad()
+def target_argmax_labels(teacher_hidden, lm_head_weight, labels):
+    """`labels` [N, P] with each supervised row's token replaced by the target's most likely token
+    there, argmax(teacher_hidden @ lm_head_weight.T); IGNORE rows stay IGNORE. The logits are made
+    a chunk of rows at a time and never kept whole ([rows x vocab] is gigabytes at a real
+    vocabulary); every row is computed, supervised or not, so nothing waits on the device for a
+    count of valid rows."""
+    w = lm_head_weight
+    h = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]).to(w.dtype)  # the head is the large one: never cast it
+    step = max(1, ARGMAX_CHUNK_ELEMENTS // w.shape[0])
+    top = torch.cat([(h[i:i + step] @ w.T).argmax(-1) for i in range(0, h.shape[0], step)])
+    return torch.where(labels != IGNORE, top.view(labels.shape), labels)
+
+
 def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss_fn, weighting="streak",
                  streak_alpha=0.5, decay_gamma=None, use_soft_labels=False, kl_temperature=1.0, kl_weight=0.0,
-                 host_stats=True):
+                 ce_target="data", host_stats=True):
     """Loss and statistics for one micro-batch of blocks.
 
     student_hidden [N, B, H]: drafter output (after its final norm); teacher_hidden [N, B, H]:
-    the target's final normed hidden state at position anchor+k-1 (None without soft labels);
-    labels [N, B]: token at anchor+k, IGNORE where unsupervised (always at k = 0).
+    the target's final normed hidden state at position anchor+k-1 (None without soft labels or
+    target-argmax labels); labels [N, B]: token at anchor+k, IGNORE where unsupervised (always at
+    k = 0). ce_target "target-argmax": the CE term (and the accuracy) takes the target's most
+    likely token at each supervised row instead of the data's (target_argmax_labels).
     Returns (loss, stats) with stats: ce (weighted mean), kl (weighted mean or None),
     acc (per position 1..B-1; NaN where no valid row), rows (valid rows), weights [N, B],
     correct and count (per position 1..B-1). Per-row CE and argmax come from the loss itself.
@@ -136,8 +155,13 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
         weights = position_weights(weighting, valid, gamma=decay_gamma)
         row_weights = weights[:, pred]
     kw = kl_weight if use_soft_labels else 0.0
+    hard = labels[:, pred]
+    if ce_target == "target-argmax":
+        hard = target_argmax_labels(teacher_hidden[:, pred], lm_head_weight, hard)
+    elif ce_target != "data":
+        raise ValueError(f"unknown ce_target {ce_target!r}")
     loss, ce, correct = loss_fn(student_hidden[:, pred], teacher_hidden[:, pred] if kw > 0 else None,
-                                lm_head_weight, labels[:, pred], row_weights, temperature=kl_temperature,
+                                lm_head_weight, hard, row_weights, temperature=kl_temperature,
                                 kl_weight=kw, ignore_index=IGNORE, return_row_stats=True, row_group=p)
     ce, correct = ce.view(n, p), correct.view(n, p)
     wsum = weights.sum().clamp_min(1e-12)

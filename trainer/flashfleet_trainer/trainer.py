@@ -412,7 +412,8 @@ class Trainer:
                                     blocks.labels.to(self.dev, non_blocking=True),
                                     loss_fn=self.loss_fn, weighting=a.loss_weighting, streak_alpha=a.streak_alpha,
                                     decay_gamma=a.decay_gamma, use_soft_labels=a.use_soft_labels,
-                                    kl_temperature=a.kl_temperature, kl_weight=a.kl_weight, host_stats=False)
+                                    kl_temperature=a.kl_temperature, kl_weight=a.kl_weight, ce_target=a.ce_target,
+                                    host_stats=False)
         (loss / a.grad_accum).backward()
         # No host sync here: the statistics stay on the device until train_step reads them, once.
         out.update(loss=loss.detach().double(), ce=st["ce"], kl=st["kl"], correct=st["correct"], count=st["count"],

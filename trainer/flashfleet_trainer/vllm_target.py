@@ -211,6 +211,7 @@ class VllmSettings:
     queue_depth: int
     use_soft_labels: bool
     kl_weight: float
+    ce_target: str
     server_check_every: int
     server_check_device: str
     server_check_tol: float

@@ -8,7 +8,8 @@ accepted: a run name systemd cannot take as a unit instance, two vLLM servers on
 
 Every field is optional here (collect/diagnose/status need only the name); the roles that need a
 field (train_unit: trainer) still require it. Runs are checked one by one: the entries do not say
-which runs share a host at the same time, so ports and GPUs are compared within a run only.
+which runs share a host at the same time, so ports and GPUs are compared within a run only; the
+host's side (roles/train_unit/tasks/ports_check.yml) refuses a port another process holds there.
 """
 
 from __future__ import annotations

@@ -184,9 +184,12 @@ def prepare(root: Path, log=print, found: Found | None = None) -> list[Path]:
 def drafter_differences(mine: dict, theirs: dict) -> list[str]:
     """Fields of two drafter configs (DrafterConfig.to_dict) that change what the weights mean,
     not only their shapes (a sliding layer and a full one hold tensors of the same shape)."""
+    if theirs.get("drafter_kind", "dflash") != mine.get("drafter_kind", "dflash"):
+        return ["drafter_kind"]  # another kind of drafter: its DFlash 2 fields differ as a consequence
     return [k for k in ("hidden_size", "num_hidden_layers", "target_layer_ids", "block_size", "vocab_size",
                         "layer_types", "sliding_window", "num_attention_heads", "num_key_value_heads", "head_dim",
-                        "intermediate_size", "mask_token_id")
+                        "intermediate_size", "mask_token_id", "conv_kernel_size", "conv_group_size",
+                        "selector_rank", "selector_top_k")
             if theirs.get(k) != mine.get(k)]
 
 

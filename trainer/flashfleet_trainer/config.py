@@ -29,7 +29,15 @@ import sys
 import types
 from dataclasses import dataclass
 
-from .defaults import DECAY_GAMMAS, HYBRID_DRAFTER, MOE_MLP_PER_HIDDEN, RANDOM_DRAFTER_LAYERS, SPARE_MASK_ROWS
+from .defaults import (
+    DECAY_GAMMAS,
+    DFLASH2,
+    DRAFTER_KINDS,
+    HYBRID_DRAFTER,
+    MOE_MLP_PER_HIDDEN,
+    RANDOM_DRAFTER_LAYERS,
+    SPARE_MASK_ROWS,
+)
 from .errors import CliParser, ConfigError
 
 # ---- the definition ------------------------------------------------------------------------------
@@ -53,6 +61,7 @@ HYBRID = "for a Qwen3.5/3.6 target"
 MASK_ROWS = ", ".join(f"{row} for the {vocab:,}-row {family} vocab" for family, (vocab, row) in SPARE_MASK_ROWS.items())
 GAMMAS = ", ".join(f"{g:g} for block >= {b}" for b, g in DECAY_GAMMAS[:-1]) + f", else {DECAY_GAMMAS[-1][1]:g}"
 EVAL = "evaluation (real acceptance length tau, greedy speculative decoding)"
+SPECULATORS = "speculators 0.9.0's DFlash2SpeculatorConfig default"
 
 
 @dataclass
@@ -197,6 +206,23 @@ class RunConfig:
         False, "start a GPU run of a hybrid (Gated-DeltaNet) target even though transformers would run its "
         "linear-attention layers through the slow torch fallback (flash-linear-attention not importable); "
         "--check refuses it otherwise", group="drafter")
+    drafter_kind: str = setting(
+        "dflash", "dflash: the DFlash drafter; dflash2: DFlash 2, the same backbone with a grouped dynamic "
+        "causal convolution around each attention and MLP sublayer and a low-rank candidate selector that "
+        "reranks each position's top-k tokens (vLLM >= 0.32 serves it as DFlash2DraftModel; docs/trainer.md)",
+        group="drafter", choices=DRAFTER_KINDS)
+    conv_kernel_size: int = setting(
+        DFLASH2["conv_kernel_size"], f"dflash2: taps of each convolution, within a block ({SPECULATORS}); "
+        "at most --block-size", group="drafter", ge=1)
+    conv_group_size: int = setting(
+        DFLASH2["conv_group_size"], f"dflash2: hidden channels sharing one dynamic kernel ({SPECULATORS}); "
+        "must divide the target's hidden size", group="drafter", ge=1)
+    selector_rank: int = setting(
+        DFLASH2["selector_rank"], f"dflash2: rank of the selector's predecessor/successor codebooks ({SPECULATORS})",
+        group="drafter", ge=1)
+    selector_top_k: int = setting(
+        DFLASH2["selector_top_k"], f"dflash2: unary candidates the selector reranks per position ({SPECULATORS}); "
+        "at most the vocabulary", group="drafter", ge=1)
 
     # loss
     ce_target: str = setting(
@@ -215,6 +241,9 @@ class RunConfig:
     decay_gamma: float | None = setting(
         None, f"decay gamma (default, DFlash's: {GAMMAS})", group="loss", gt=0,
         fix=f"e.g. {DECAY_GAMMAS[0][1]:g} for block {DECAY_GAMMAS[0][0]}, or drop it")
+    selector_loss_alpha: float = setting(
+        DFLASH2["selector_loss_alpha"], "dflash2: loss = unary loss + alpha x the selector's K-way CE over the "
+        "unary top-k (speculators 0.9.0's selector_loss_alpha default)", group="loss", ge=0)
     noise_start: float = setting(0.0, "hidden-state noise scale at step 0, relative to each token's RMS",
                                  group="loss", ge=0, note="0 = no noise", example=0.1)
     noise_end: float = setting(0.0, "noise scale at the last step (cosine anneal)", group="loss", ge=0,

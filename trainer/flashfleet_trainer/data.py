@@ -203,6 +203,9 @@ class Blocks:
     input_ids: torch.Tensor  # [N, B] anchor token, then mask_token_id
     labels: torch.Tensor  # [N, B] token at anchor+k, IGNORE at k=0 / unsupervised / past the end
     teacher_pos: torch.Tensor  # [N, B] position whose target logits predict label k: anchor+k-1
+    # [N, B] the data's token at anchor+k-1 (the anchor at k = 0 and 1; the anchor again past the
+    # sequence's end): DFlash 2's selector, teacher-forced, conditions position k on it
+    predecessors: torch.Tensor | None = None
 
 
 def build_blocks(seqs: list[np.ndarray], masks: list[np.ndarray], anchors: list[np.ndarray],
@@ -218,10 +221,13 @@ def build_blocks(seqs: list[np.ndarray], masks: list[np.ndarray], anchors: list[
     k = np.arange(b)
     labels = np.full((n, b), IGNORE, dtype=np.int64)
     ids = np.full((n, b), mask_token_id, dtype=np.int64)
+    prev = np.empty((n, b), dtype=np.int64)
     for j in range(n):
         s, a = seq_idx[j], anc[j]
         x, m = seqs[s], masks[s]
         ids[j, 0] = x[a]
+        before = np.minimum(a + np.maximum(k - 1, 0), len(x) - 1)
+        prev[j] = np.where(a + k - 1 < len(x), x[before], x[a])
         pos = a + k[1:]
         inside = pos < len(x)
         p = pos[inside]
@@ -229,4 +235,4 @@ def build_blocks(seqs: list[np.ndarray], masks: list[np.ndarray], anchors: list[
         labels[j, 1:1 + len(p)] = lab
     teacher_pos = anc[:, None] + np.maximum(k - 1, 0)[None, :]
     t = torch.from_numpy
-    return Blocks(t(seq_idx), t(anc), t(ids), t(labels), t(teacher_pos))
+    return Blocks(t(seq_idx), t(anc), t(ids), t(labels), t(teacher_pos), t(prev))

@@ -23,3 +23,13 @@ DECAY_GAMMAS = ((16, 7.0), (10, 5.0), (8, 4.0))
 # dflash-eval --random-drafter's draft layers unless given: an untrained drafter's tau does not
 # grow with its depth, and fewer layers evaluate faster.
 RANDOM_DRAFTER_LAYERS = 2
+
+# The drafter kinds --drafter-kind takes, named as speculators' and vLLM's configs name them.
+DRAFTER_KINDS = ("dflash", "dflash2")
+
+# DFlash 2's settings: speculators 0.9.0's DFlash2SpeculatorConfig defaults (models/dflash2/config.py:
+# conv_kernel_size 2, conv_group_size 16, selector_rank 256, selector_top_k 16) and its training
+# default selector_loss_alpha 1.0 (models/dflash2/core.py, get_trainer_kwargs). z-lab's dflash 0.1.0
+# has no defaults of its own (it reads them from the drafter's config.json), and no published
+# Qwen3.8-27B DFlash 2 config was found (docs/trainer.md, "DFlash 2"): these apply to every target.
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=256, selector_top_k=16, selector_loss_alpha=1.0)

@@ -21,7 +21,9 @@ import torch.nn.functional as F
 
 from .attention import SparseAttention, block_attention_inputs, flex_layouts, layer_windows, resolve_attn_impl
 from .compilation import raise_recompile_limit
-from .defaults import HYBRID_DRAFTER, MOE_MLP_PER_HIDDEN, SPARE_MASK_ROWS
+from .defaults import DFLASH2, DRAFTER_KINDS, HYBRID_DRAFTER, MOE_MLP_PER_HIDDEN, SPARE_MASK_ROWS
+from .dflash2 import SHAPE as DFLASH2_SHAPE
+from .dflash2 import CandidateSelector, GroupedDynamicConv, dflash2_problem
 from .target import HYBRID_TEXT_TYPES, rope_theta_of, text_config_of
 
 try:  # Triton: CUDA installs; CPU-only ones keep the torch ops
@@ -95,6 +97,13 @@ class DrafterConfig:
     layer_types: list[str] = field(default_factory=list)
     sliding_window: int | None = None  # W: a sliding layer's query sees keys k <= p with p - k < W
     target_model: str = ""
+    # "dflash" | "dflash2" (dflash2.py: convolutions and a candidate selector, their four settings;
+    # None for dflash, so a DFlash checkpoint's config is what it was)
+    drafter_kind: str = "dflash"
+    conv_kernel_size: int | None = None
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
     model_type: str = "dflash_drafter"
     feature_convention: str = "target_layer_ids[i] = output of decoder layer i = HF hidden_states[i+1]"
     extra: dict = field(default_factory=dict)
@@ -105,13 +114,26 @@ class DrafterConfig:
             raise ValueError(f"layer_types {self.layer_types} must be {self.num_hidden_layers} of {LAYER_TYPES}")
         if "sliding_attention" in self.layer_types and not (self.sliding_window and self.sliding_window >= 1):
             raise ValueError(f"sliding_attention layers need sliding_window >= 1, not {self.sliding_window}")
+        if self.drafter_kind not in DRAFTER_KINDS:
+            raise ValueError(f"drafter_kind {self.drafter_kind!r} is not one of {', '.join(DRAFTER_KINDS)}")
+        if self.drafter_kind == "dflash2":
+            for k in DFLASH2_SHAPE:
+                if getattr(self, k) is None:
+                    setattr(self, k, DFLASH2[k])
+            problem = dflash2_problem(self.hidden_size, self.block_size, self.vocab_size, self.conv_kernel_size,
+                                      self.conv_group_size, self.selector_top_k)
+            if problem:
+                raise ValueError(problem[0])
+        else:
+            self.conv_kernel_size = self.conv_group_size = self.selector_rank = self.selector_top_k = None
 
     @classmethod
     def from_target(cls, tcfg, *, num_draft_layers, target_layer_ids, block_size, mask_token_id, target_model="",
                     **overrides):
         """The drafter for a target config (a composite config is read through its text_config):
         `drafter_defaults`, then any non-None override (num_attention_heads, num_key_value_heads,
-        head_dim, intermediate_size, layer_types, sliding_window)."""
+        head_dim, intermediate_size, layer_types, sliding_window; drafter_kind and, for dflash2, its
+        conv_kernel_size, conv_group_size, selector_rank, selector_top_k)."""
         t = text_config_of(tcfg)
         shape = drafter_defaults(t, num_draft_layers)
         shape.update({k: v for k, v in overrides.items() if v is not None})
@@ -124,11 +146,16 @@ class DrafterConfig:
                    rope_theta=rope_theta_of(t), target_model=str(target_model), **shape)
 
     def num_params(self) -> int:
-        """Trainable parameters (fc, norms, layers)."""
+        """Trainable parameters (fc, norms, layers; DFlash 2's convolutions and selector)."""
         h, nh, nkv, d, i = (self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim,
                             self.intermediate_size)
         layer = h * nh * d * 2 + h * nkv * d * 2 + 3 * h * i + 2 * h + 2 * d
-        return len(self.target_layer_ids) * h * h + 2 * h + self.num_hidden_layers * layer
+        extra = 0
+        if self.drafter_kind == "dflash2":  # two convolutions a layer; the selector's codebooks and projection
+            taps, groups, r = self.conv_kernel_size, h // self.conv_group_size, self.selector_rank
+            layer += 2 * (2 * taps * h + 2 * taps * groups * h)
+            extra = 2 * self.vocab_size * r + r * h
+        return len(self.target_layer_ids) * h * h + 2 * h + self.num_hidden_layers * layer + extra
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -356,12 +383,24 @@ class DraftLayer(nn.Module):
         self.gate_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.attention_conv = self.mlp_conv = None  # DFlash 2: a convolution pair around each sublayer
+        if c.drafter_kind == "dflash2":
+            conv = (c.hidden_size, c.conv_kernel_size, c.conv_group_size, c.block_size)
+            self.attention_conv, self.mlp_conv = GroupedDynamicConv(*conv), GroupedDynamicConv(*conv)
 
     def forward(self, x, ctx, rope_q, rope_kv, mask, ctx_kv=None):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, mask, ctx_kv)
+        """x [M, H]: whole blocks, one after another (DFlash 2's convolutions take row % block size
+        as the block position)."""
+        h = self.input_layernorm(x)
+        if self.attention_conv is not None:
+            h, delta = self.attention_conv.prepare(h)
+        a = self.self_attn(h, ctx, rope_q, rope_kv, mask, ctx_kv)
+        x = x + (a if self.attention_conv is None else self.attention_conv.finish(a, delta))
         h = self.post_attention_layernorm(x)
-        gate_up = project(h, self.gate_proj, self.up_proj, packed=True)
-        return x + self.down_proj(_swiglu(gate_up))
+        if self.mlp_conv is not None:
+            h, delta = self.mlp_conv.prepare(h)
+        m = self.down_proj(_swiglu(project(h, self.gate_proj, self.up_proj, packed=True)))
+        return x + (m if self.mlp_conv is None else self.mlp_conv.finish(m, delta))
 
 
 class DFlashDrafter(nn.Module):
@@ -373,7 +412,13 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(c, t) for t in c.layer_types)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        # DFlash 2's selector (drafter.selector, selector.top_k, selector.transition_scores); None for DFlash
+        self.selector = (CandidateSelector(c.hidden_size, c.vocab_size, c.selector_rank, c.selector_top_k)
+                         if c.drafter_kind == "dflash2" else None)
         self.apply(self._init)
+        for mod in self.modules():  # the convolutions start as the identity (apply drew their projections)
+            if isinstance(mod, GroupedDynamicConv):
+                mod.reset_parameters()
 
     @staticmethod
     def _init(mod):

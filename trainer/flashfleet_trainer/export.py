@@ -2,7 +2,9 @@
 
     OUT_DIR/config.json         Qwen3Config fields + architectures ["DFlashDraftModel"], top-level
                                 block_size, dflash_config {mask_token_id, target_layer_ids},
-                                num_target_layers (CONFIG_* below say which keys mean what)
+                                num_target_layers (CONFIG_* below say which keys mean what);
+                                a DFlash 2 drafter: ["DFlash2DraftModel"], and dflash_config also
+                                {conv_kernel_size, conv_group_size, selector_rank, selector_top_k}
     OUT_DIR/model.safetensors   bf16, unprefixed names (NAME MAP below), no embed_tokens / lm_head:
                                 the serving engine uses the target's
     OUT_DIR/README.md           model card: target, training, tau, serving command lines
@@ -18,6 +20,11 @@ drafter as drafter.py, i.e. features are the outputs of decoder layers `target_l
 hidden_states[i+1]); context K/V from hidden_norm(fc(features)) without input_layernorm, k_norm,
 RoPE at absolute positions; the block is [anchor, mask x (B-1)] at positions anchor..anchor+B-1,
 slot k >= 1 predicts the token at anchor+k; every layer is full (non-causal) attention.
+DFlash 2 (checked against z-lab's `DFlash2DraftModel` and speculators 0.9.0, tests/unit/
+test_dflash2_oracle.py): the same, with the convolutions and the selector of dflash2.py, whose
+names and shapes are vLLM 0.32.0's (model_executor/models/qwen3_dflash2.py). vLLM takes the
+convolution's block position as row % (num_speculative_tokens + 1): a DFlash 2 drafter must be
+served with num_speculative_tokens = block_size - 1 (`check_served_block`).
 """
 
 import ctypes
@@ -36,12 +43,18 @@ from flashfleet.contract import safetensors as st_contract
 from flashfleet.contract.files import fsync_dir, fsync_file
 from flashfleet.contract.messages import EX_CONFIG
 
+from .dflash2 import SHAPE as DFLASH2_SHAPE
+from .dflash2 import dflash2_problem
 from .drafter import DrafterConfig
 from .errors import CliParser, ConfigError
 from .target import default_target_layers, layer_ids_problem
 
 WEIGHTS, CONFIG, README = "model.safetensors", "config.json", "README.md"
 ARCHITECTURE = "DFlashDraftModel"
+# The architecture name of each drafter kind (vLLM's registry and z-lab's class names).
+ARCHITECTURES = {"dflash": ARCHITECTURE, "dflash2": "DFlash2DraftModel"}
+KIND_OF_ARCHITECTURE = {a: k for k, a in ARCHITECTURES.items()}
+KIND_NAMES = {"dflash": "DFlash", "dflash2": "DFlash 2"}
 MODEL_TYPE = "qwen3"
 FULL, SLIDING = "full_attention", "sliding_attention"
 DTYPE = "bfloat16"
@@ -50,7 +63,8 @@ PROVENANCE = "flashfleet"  # our own key in config.json (loaders keep unknown ke
 REQUIRED_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                  "num_hidden_layers", "vocab_size")
 # Keys that change the forward pass in some loader and that this trainer's drafter does not have:
-# refused unless they hold their neutral value.
+# refused unless they hold their neutral value (a DFlash 2 drafter's conv_kernel_size and
+# selector_rank are its own settings instead).
 NEUTRAL = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "logit_scale": 1.0,
            "final_logit_softcapping": None, "attention_sink_bias": None, "attention_value_scale": None,
            "projector_type": None, "conv_kernel_size": None, "selector_rank": None}
@@ -64,8 +78,15 @@ def layer_types_of(cfg) -> list[str]:
     return list(getattr(cfg, "layer_types", None) or [FULL] * cfg.num_hidden_layers)
 
 
+SELECTOR_OURS, SELECTOR_THEIRS = "selector.", "candidate_selector."  # DFlash 2's selector
+
+
 def format_name(ours: str) -> str:
-    """Our state-dict name -> the format's: the MLP lives under `mlp.` there (layers.N.mlp.gate_proj)."""
+    """Our state-dict name -> the format's: the MLP lives under `mlp.` there (layers.N.mlp.gate_proj),
+    DFlash 2's selector is `candidate_selector.` (its codebooks without `.weight`: vLLM's names;
+    z-lab maps them to its nn.Embedding's)."""
+    if ours.startswith(SELECTOR_OURS):
+        return SELECTOR_THEIRS + ours[len(SELECTOR_OURS):]
     parts = ours.split(".")
     if len(parts) == 4 and parts[0] == "layers" and parts[2] in MLP:
         return f"layers.{parts[1]}.mlp.{parts[2]}.{parts[3]}"
@@ -74,6 +95,8 @@ def format_name(ours: str) -> str:
 
 def our_name(theirs: str) -> str:
     """The format's name -> ours (inverse of format_name)."""
+    if theirs.startswith(SELECTOR_THEIRS):
+        return SELECTOR_OURS + theirs[len(SELECTOR_THEIRS):]
     parts = theirs.split(".")
     if len(parts) == 5 and parts[0] == "layers" and parts[2] == "mlp" and parts[3] in MLP:
         return f"layers.{parts[1]}.{parts[3]}.{parts[4]}"
@@ -94,7 +117,21 @@ def tensor_shapes(cfg) -> dict[str, tuple[int, ...]]:
             p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
             p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
         })
+        if kind_of(cfg) == "dflash2":
+            taps, groups = cfg.conv_kernel_size, h // cfg.conv_group_size
+            for conv in ("attention_conv", "mlp_conv"):
+                shapes.update({f"{p}{conv}.base_kernel": (2, taps, h),
+                               f"{p}{conv}.kernel_projection.weight": (2 * taps * groups, h)})
+    if kind_of(cfg) == "dflash2":
+        v, r = cfg.vocab_size, cfg.selector_rank
+        shapes.update({SELECTOR_THEIRS + "predecessor_codebook": (v, r), SELECTOR_THEIRS + "successor_codebook": (v, r),
+                       SELECTOR_THEIRS + "hidden_projection.weight": (r, h)})
     return shapes
+
+
+def kind_of(cfg) -> str:
+    """The drafter's kind (a config from before drafter_kind: dflash)."""
+    return getattr(cfg, "drafter_kind", None) or "dflash"
 
 
 def shape_problems(cfg, have: dict, where: str) -> list[str]:
@@ -178,10 +215,12 @@ def to_dflash(cfg, state_dict: dict, target: dict, provenance: dict | None = Non
     sliding = SLIDING in types
     if sliding and not window:
         raise ConfigError(f"layer_types {types} has sliding layers but no sliding_window", "set sliding_window")
+    kind = kind_of(cfg)
     config = {
-        "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, "dtype": DTYPE,
+        "architectures": [ARCHITECTURES[kind]], "model_type": MODEL_TYPE, "dtype": DTYPE,
         "block_size": cfg.block_size,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
+        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids),
+                          **({k: getattr(cfg, k) for k in DFLASH2_SHAPE} if kind == "dflash2" else {})},
         "num_target_layers": target["num_hidden_layers"],
         "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
         "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
@@ -223,13 +262,25 @@ def config_from_dflash(raw: dict, where: str = "config.json") -> DrafterConfig:
     if missing:
         raise ConfigError(f"{where}: missing {', '.join(missing)}", fix)
     arch = raw.get("architectures") or []
-    if ARCHITECTURE not in arch:
-        raise ConfigError(f"{where}: architectures {arch} is not [\"{ARCHITECTURE}\"] (vLLM and SGLang pick the "
-                          "model class by that name)", fix)
+    kinds = [KIND_OF_ARCHITECTURE[a] for a in arch if a in KIND_OF_ARCHITECTURE]
+    if not kinds:
+        raise ConfigError(f"{where}: architectures {arch} is not [\"{ARCHITECTURE}\"] or "
+                          f"[\"{ARCHITECTURES['dflash2']}\"] (vLLM and SGLang pick the model class by that name)", fix)
+    kind = kinds[0]
+    dflash2 = {}
+    if kind == "dflash2":  # vLLM reads the four from dflash_config alone (a missing one is its KeyError)
+        dc = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}
+        bad = [k for k in DFLASH2_SHAPE if not (isinstance(dc.get(k), int) and not isinstance(dc.get(k), bool)
+                                                and dc.get(k) >= 1)]
+        if bad:
+            raise ConfigError(f"{where}: a DFlash 2 drafter needs dflash_config.{', dflash_config.'.join(bad)} "
+                              "(positive integers; vLLM raises KeyError without them)", fix)
+        dflash2 = {k: dc[k] for k in DFLASH2_SHAPE}
     if raw.get("hidden_act", "silu") != "silu" or raw.get("attention_bias", False):
         raise ConfigError(f"{where}: hidden_act {raw.get('hidden_act')!r} / attention_bias "
                           f"{raw.get('attention_bias')!r}: this trainer's drafter is SiLU without biases", fix)
-    odd = [f"{k}={_value(raw, k)!r}" for k, neutral in NEUTRAL.items() if _value(raw, k, neutral) != neutral]
+    odd = [f"{k}={_value(raw, k)!r}" for k, neutral in NEUTRAL.items()
+           if _value(raw, k, neutral) != neutral and k not in dflash2]
     if odd:
         raise ConfigError(f"{where}: {', '.join(odd)} change the drafter's forward pass and this trainer's "
                           "drafter has no such option", fix)
@@ -261,7 +312,13 @@ def config_from_dflash(raw: dict, where: str = "config.json") -> DrafterConfig:
         "vocab_size": raw["vocab_size"], "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
         "rope_theta": float(theta), "target_model": prov.get("target_model", ""),
         "layer_types": list(types), "sliding_window": int(window) if window else None,
+        "drafter_kind": kind, **dflash2,
     }
+    if dflash2:  # what speculators, z-lab or vLLM refuse
+        problem = dflash2_problem(d["hidden_size"], d["block_size"], d["vocab_size"], dflash2["conv_kernel_size"],
+                                  dflash2["conv_group_size"], dflash2["selector_top_k"], name=lambda k: f"dflash_config.{k}")
+        if problem:
+            raise ConfigError(f"{where}: {problem[0]} (speculators, z-lab or vLLM refuse it)", fix)
     return DrafterConfig.from_dict(d)
 
 
@@ -330,7 +387,8 @@ INIT_FROM_KEYS = (("block_size", "block size", "--block-size"),
                   ("hidden_size", "hidden size", None), ("vocab_size", "vocab", None),
                   ("intermediate_size", "intermediate size", None),
                   ("num_attention_heads", "attention heads", None), ("num_key_value_heads", "KV heads", None),
-                  ("head_dim", "head_dim", None))
+                  ("head_dim", "head_dim", None),
+                  *((k, k, "--" + k.replace("_", "-")) for k in DFLASH2_SHAPE))
 
 
 def check_init_from(path: str | None, drafter_config) -> None:
@@ -341,6 +399,10 @@ def check_init_from(path: str | None, drafter_config) -> None:
     if not path:
         return
     theirs, _files = read_dflash_dir(path)
+    if kind_of(theirs) != kind_of(drafter_config):
+        raise ConfigError(f"--init-from {path} is a {KIND_NAMES[kind_of(theirs)]} drafter "
+                          f"({ARCHITECTURES[kind_of(theirs)]}) and this run builds {KIND_NAMES[kind_of(drafter_config)]}",
+                          f"pass --drafter-kind {kind_of(theirs)}, or drop --init-from")
     problem = layer_ids_problem(theirs.target_layer_ids)
     if problem:
         raise ConfigError(f"--init-from {path}: {problem}", "start from a drafter whose target layers are "
@@ -475,7 +537,8 @@ def serving_commands(target_path: str, drafter_path: str, block_size: int, slidi
 
 CARD_SETTINGS = ("epochs", "max_steps", "lr", "warmup_ratio", "weight_decay", "grad_accum", "token_budget",
                  "max_seq_len", "max_anchors", "block_size", "num_draft_layers", "target_layers", "mask_token_id",
-                 "loss_weighting", "streak_alpha", "decay_gamma", "ce_target", "use_soft_labels", "kl_weight", "kl_temperature",
+                 "loss_weighting", "streak_alpha", "decay_gamma", "drafter_kind", *DFLASH2_SHAPE,
+                 "selector_loss_alpha", "ce_target", "use_soft_labels", "kl_weight", "kl_temperature",
                  "teacher_fp8", "noise_start", "noise_end", "seed", "data_dir", "init_from")
 
 
@@ -483,12 +546,21 @@ def model_card(cfg, config: dict, target: dict, run: dict, ckpt: Path, out_dir: 
     b = cfg.block_size
     cmds = serving_commands(target["path"], str(out_dir), b, config["use_sliding_window"])
     tau = run["tau"]
+    kind = KIND_NAMES[kind_of(cfg)]
+    dflash2 = kind_of(cfg) == "dflash2"
+    sglang = (["SGLang: no DFlash 2 support is known to this exporter (its DFLASH loads DFlashDraftModel).", ""]
+              if dflash2 else ["SGLang:", "", "    " + cmds["sglang"], ""])
     lines = [
-        f"# DFlash drafter for {target['name']}", "",
-        f"A DFlash block-diffusion drafter ({cfg.num_hidden_layers} layers, block size {b}) for speculative "
+        f"# {kind} drafter for {target['name']}", "",
+        f"A {kind} block-diffusion drafter ({cfg.num_hidden_layers} layers, block size {b}) for speculative "
         f"decoding of `{target['name']}` ({target['model_type']}, {target['num_hidden_layers']} layers, vocab "
-        f"{target['vocab_size']}), trained by flashfleet. Format: `architectures: [\"DFlashDraftModel\"]`, "
+        f"{target['vocab_size']}), trained by flashfleet. Format: `architectures: "
+        f"[\"{ARCHITECTURES[kind_of(cfg)]}\"]`, "
         "bf16 `model.safetensors` without embedding or LM head (the target's are used).", "",
+        *([f"DFlash 2: convolutions of {cfg.conv_kernel_size} taps in groups of {cfg.conv_group_size} channels, "
+           f"selector rank {cfg.selector_rank}, top-{cfg.selector_top_k}. The block size is part of the format: "
+           f"serve it with `num_speculative_tokens` = {b - 1} (vLLM takes the convolution's block position as "
+           "row % (num_speculative_tokens + 1)).", ""] if dflash2 else []),
         "| | |", "|---|---|",
         f"| target | `{target['path']}` |",
         f"| features | outputs of target decoder layers {list(cfg.target_layer_ids)} (HF hidden_states[i+1]) |",
@@ -499,10 +571,12 @@ def model_card(cfg, config: dict, target: dict, run: dict, ckpt: Path, out_dir: 
         f"| target tokens trained on | {run['tokens'] if run['tokens'] is not None else 'unknown'} |",
         "| measured tau | " + (f"{tau['tau']:.3f} (greedy, {tau.get('prompts')} prompts, block {tau.get('block_size')}, "
                                f"measured at step {tau.get('step')})" if tau else "not measured") + " |",
-        "", "## Serving", "", "vLLM:", "", "    " + cmds["vllm"], "", "SGLang:", "", "    " + cmds["sglang"], "",
+        "", "## Serving", "", "vLLM:", "", "    " + cmds["vllm"], "", *sglang,
         "(from z-lab's README; see docs/export.md for the flags that depend on the GPU and the target)", "",
     ]
-    settings = [(k, run["args"][k]) for k in CARD_SETTINGS if k in run["args"]]
+    dflash2_only = (*DFLASH2_SHAPE, "selector_loss_alpha")
+    settings = [(k, run["args"][k]) for k in CARD_SETTINGS if k in run["args"]
+                and (dflash2 or k not in dflash2_only)]
     if settings:
         lines += ["## Training settings", "", "| setting | value |", "|---|---|"]
         lines += [f"| {k} | `{v}` |" for k, v in settings]
@@ -608,7 +682,7 @@ def check_apart(source, out_dir) -> None:
 def _is_export(d: Path) -> bool:
     """A directory this module wrote (config.json of the format): --force may replace it."""
     try:
-        return json.loads((d / CONFIG).read_text()).get("architectures") == [ARCHITECTURE]
+        return json.loads((d / CONFIG).read_text()).get("architectures") in ([a] for a in ARCHITECTURES.values())
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -641,14 +715,51 @@ def export(source, out_dir, force: bool = False, target_model=None, log=print) -
     return out
 
 
+def check_served_block(cfg, num_speculative_tokens: int | None, where: str) -> None:
+    """Refuse serving a DFlash 2 drafter with num_speculative_tokens other than block_size - 1: vLLM
+    takes its convolutions' block position as row % (num_speculative_tokens + 1), so another value
+    puts the taps at other positions than training did, with no error (a DFlash drafter has no such
+    dependence: vLLM may draft fewer tokens than its block)."""
+    if kind_of(cfg) == "dflash2" and num_speculative_tokens is not None and \
+            num_speculative_tokens != cfg.block_size - 1:
+        raise ConfigError(f"{where}: a DFlash 2 drafter of block size {cfg.block_size} served with "
+                          f"num_speculative_tokens {num_speculative_tokens}: vLLM would place its convolution taps at "
+                          f"row % {num_speculative_tokens + 1}, not at the trained block positions",
+                          f"serve it with num_speculative_tokens {cfg.block_size - 1}")
+
+
+def check_export(path, num_speculative_tokens: int | None = None) -> str:
+    """dflash-export --check: the directory as vLLM's and z-lab's loaders read it (config.json's
+    keys, every tensor's name and shape, DFlash 2's settings), and the block size it must be served
+    with. Raises ConfigError naming the first problem; returns the line to print."""
+    cfg, files = read_dflash_dir(path)
+    problem = layer_ids_problem(cfg.target_layer_ids)
+    if problem:
+        raise ConfigError(f"{path}: {problem}", "export a drafter trained with distinct ascending --target-layers")
+    check_served_block(cfg, num_speculative_tokens, str(path))
+    kind = kind_of(cfg)
+    extra = (f"; convolutions of {cfg.conv_kernel_size} taps in groups of {cfg.conv_group_size}, selector rank "
+             f"{cfg.selector_rank}, top-{cfg.selector_top_k}" if kind == "dflash2" else "")
+    return (f"dflash-export: {path} ok: {ARCHITECTURES[kind]}, {cfg.num_hidden_layers} layers, block size "
+            f"{cfg.block_size} (serve with num_speculative_tokens {cfg.block_size - 1}), "
+            f"{sum(len(n) for n in files.values())} tensors{extra}")
+
+
 def main(argv=None) -> int:
     p = CliParser(prog="dflash-export", description="Export a drafter checkpoint to the DFlash "
                                 "directory format vLLM, SGLang and z-lab's dflash load (config.json, bf16 "
                                 "model.safetensors, README.md model card).",
                                 epilog="Exit codes: 0 written; 78 refused (one line on stderr, nothing changed).")
     p.add_argument("source", metavar="CHECKPOINT_OR_RUN_DIR",
-                   help="a checkpoint (checkpoints/step-XXXXXXXX) or a run directory (its newest complete checkpoint)")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="the directory to write (must not exist, unless --force)")
+                   help="a checkpoint (checkpoints/step-XXXXXXXX) or a run directory (its newest complete checkpoint); "
+                   "with --check, the exported directory to check")
+    p.add_argument("out_dir", metavar="OUT_DIR", nargs="?", help="the directory to write (must not exist, unless "
+                   "--force)")
+    p.add_argument("--check", action="store_true", help="write nothing: check the exported directory "
+                   "CHECKPOINT_OR_RUN_DIR names as vLLM and z-lab's loaders read it (config keys, tensor names and "
+                   "shapes, DFlash 2's settings) and print one line; 78 with the reason if either would reject it")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="N", help="with --check: the "
+                   "num_speculative_tokens vLLM will serve the drafter with; a DFlash 2 drafter needs block_size - 1")
     p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR (atomically: the old one is "
                    "removed only after the new one is in place)")
     p.add_argument("--target-model", default=None, help="the target's local directory (default: the one the "
@@ -656,6 +767,11 @@ def main(argv=None) -> int:
                    "max_position_embeddings")
     try:
         a = p.parse_args(argv)
+        if a.check:
+            print(check_export(a.source, a.num_speculative_tokens))
+            return 0
+        if a.out_dir is None:
+            raise ConfigError("OUT_DIR is missing", "dflash-export CHECKPOINT_OR_RUN_DIR OUT_DIR (or --check DIR)")
         export(a.source, a.out_dir, a.force, a.target_model)
     except ConfigError as e:
         print(e.line(), file=sys.stderr)

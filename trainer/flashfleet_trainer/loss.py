@@ -131,7 +131,9 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
     likely token at each supervised row instead of the data's (target_argmax_labels).
     Returns (loss, stats) with stats: ce (weighted mean), kl (weighted mean or None),
     acc (per position 1..B-1; NaN where no valid row), rows (valid rows), weights [N, B],
-    correct and count (per position 1..B-1). Per-row CE and argmax come from the loss itself.
+    correct and count (per position 1..B-1), labels [N, B-1] (the CE's labels of positions 1..B-1,
+    the data's or the target's argmax: DFlash 2's selector loss takes the same). Per-row CE and
+    argmax come from the loss itself.
     With host_stats=False nothing is read back to the host: ce, kl (float64), correct, count and
     rows stay 0-d/1-d tensors on the device and acc is absent (`stats_to_host` makes the rest).
     """
@@ -170,7 +172,7 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
     if kw > 0:
         kl = (loss.detach().double() - (1 - kw) * ce_w) / (kw * kl_temperature ** 2)
     stats = {"ce": ce_w, "kl": kl, "rows": valid.sum(), "weights": weights,
-             "correct": correct.sum(0), "count": valid[:, pred].sum(0).float()}
+             "correct": correct.sum(0), "count": valid[:, pred].sum(0).float(), "labels": hard}
     return loss, (stats_to_host(stats) if host_stats else stats)
 
 

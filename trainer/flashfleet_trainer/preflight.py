@@ -29,6 +29,9 @@ from . import short_conv, wandb_compat
 from .attention import flex_available, resolve_attn_impl
 from .config import check_bounds, parse_devices
 from .data import check_schema
+from .defaults import DFLASH2
+from .dflash2 import SHAPE as DFLASH2_SHAPE
+from .dflash2 import dflash2_problem
 from .drafter import DrafterConfig, default_mask_token_id
 from .errors import ConfigError
 from .loss import get_loss_fn
@@ -42,6 +45,7 @@ from .target import (
     layer_ids_problem,
     linear_attention_kernels,
     supported_targets_line,
+    text_config_of,
     text_tensor_files,
 )
 from .transport import nccl_transport
@@ -498,13 +502,21 @@ def drafter_config(args, tcfg, layer_ids, mask_id) -> DrafterConfig:
     Flags absent from `args` (an older Namespace) count as not given."""
     args = _DrafterFlags(args)
     check_bounds(args)  # the shape flags' ranges, for callers that built args without parse_args
+    dflash2 = {}
+    if args.drafter_kind == "dflash2":  # what speculators, z-lab and vLLM refuse, refused here first
+        dflash2 = {k: getattr(args, k) or DFLASH2[k] for k in DFLASH2_SHAPE}
+        t = text_config_of(tcfg)
+        problem = dflash2_problem(t.hidden_size, args.block_size, t.vocab_size, dflash2["conv_kernel_size"],
+                                  dflash2["conv_group_size"], dflash2["selector_top_k"])
+        if problem:
+            raise ConfigError(*problem)
     try:
         dcfg = DrafterConfig.from_target(
             tcfg, num_draft_layers=args.num_draft_layers, target_layer_ids=layer_ids, block_size=args.block_size,
             mask_token_id=mask_id, target_model=args.target_model, layer_types=args.drafter_layer_types,
             sliding_window=args.sliding_window, num_attention_heads=args.drafter_num_heads,
             num_key_value_heads=args.drafter_num_kv_heads, head_dim=args.drafter_head_dim,
-            intermediate_size=args.drafter_intermediate_size)
+            intermediate_size=args.drafter_intermediate_size, drafter_kind=args.drafter_kind, **dflash2)
     except ValueError as e:
         raise ConfigError(f"--drafter-layer-types / --sliding-window: {e}",
                           "give one of full|sliding per draft layer, and --sliding-window W with sliding layers") from e
@@ -659,7 +671,10 @@ def preflight(args) -> StartFacts:
     summary.append(f"drafter: {dcfg.num_hidden_layers} layers ({kinds}" + (f", window {dcfg.sliding_window}"
                    if dcfg.sliding_window else "") + f"), hidden {dcfg.hidden_size}, {dcfg.num_attention_heads}/"
                    f"{dcfg.num_key_value_heads} heads of {dcfg.head_dim}, MLP {dcfg.intermediate_size}, block "
-                   f"{dcfg.block_size}, rope theta {dcfg.rope_theta:g}")
+                   f"{dcfg.block_size}, rope theta {dcfg.rope_theta:g}" + (
+                       f"; DFlash 2: convolutions of {dcfg.conv_kernel_size} taps, groups of {dcfg.conv_group_size} "
+                       f"channels; selector rank {dcfg.selector_rank}, top-{dcfg.selector_top_k}"
+                       if dcfg.drafter_kind == "dflash2" else ""))
     if args.init_from:
         from .export import check_init_from
 

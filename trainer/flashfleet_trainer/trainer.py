@@ -38,6 +38,7 @@ from . import wandb_compat
 from .attention import SparseAttention, flex_layouts, resolve_attn_impl
 from .config import view
 from .data import Blocks, build_blocks, load_data, pack_epoch, sample_anchors
+from .dflash2 import selector_loss
 from .drafter import DFlashDrafter, DrafterConfig, drafter_hidden, gather_rows
 from .errors import ConfigError, NonFiniteLoss
 from .evaluate import EvalSettings, eval_wanted, evaluate_drafter
@@ -158,7 +159,7 @@ class Prepared:
     def pin(self) -> "Prepared":
         """Its tensors in pinned memory, so their copies to a CUDA device do not wait for the host."""
         pin = lambda t: t.pin_memory() if isinstance(t, torch.Tensor) else t  # noqa: E731
-        for k in ("seq", "anchor", "input_ids", "labels"):
+        for k in ("seq", "anchor", "input_ids", "labels", "predecessors"):
             setattr(self.blocks, k, pin(getattr(self.blocks, k)))
         self.tpos = None if self.tpos is None else pin(self.tpos)
         if isinstance(self.layouts, dict):  # (not yet a SparseAttention: that one is on the device)
@@ -414,10 +415,18 @@ class Trainer:
                                     decay_gamma=a.decay_gamma, use_soft_labels=a.use_soft_labels,
                                     kl_temperature=a.kl_temperature, kl_weight=a.kl_weight, ce_target=a.ce_target,
                                     host_stats=False)
+            sel = None
+            if self.drafter.selector is not None:  # DFlash 2: + alpha x the selector's K-way CE (dflash2.py)
+                sel_loss, sel = selector_loss(self.drafter.selector, student[:, 1:], self.lm_head_weight, st["labels"],
+                                              blocks.predecessors[:, 1:].to(self.dev, non_blocking=True),
+                                              st["weights"][:, 1:])
+                loss = loss + a.selector_loss_alpha * sel_loss
         (loss / a.grad_accum).backward()
         # No host sync here: the statistics stay on the device until train_step reads them, once.
         out.update(loss=loss.detach().double(), ce=st["ce"], kl=st["kl"], correct=st["correct"], count=st["count"],
                    rows=blocks.input_ids.numel(), span=span.stop())
+        if sel is not None:
+            out["selector"] = torch.stack([sel[k] for k in self.SELECTOR_SUMS])
         return out
 
     def next_micro_batch(self):
@@ -455,6 +464,7 @@ class Trainer:
     # the stop flag) and read back once, after the optimizer step.
     STEP_SUMS = ("n_loss", "n_kl", "rows", "tokens", "target_s", "worker_s", "drafter_s", "wait_s", "serve_s",
                  "occupancy", "n_occupancy", "stop")
+    SELECTOR_SUMS = ("loss", "correct", "found", "rows")  # DFlash 2's, after the loss's (dflash2.selector_loss)
 
     def train_step(self) -> dict:
         """One optimizer step, queued and then read: its record (metrics.jsonl's line)."""
@@ -467,7 +477,8 @@ class Trainer:
         noise = noise_at(self.step, self.total_steps, a.noise_start, a.noise_end)
         b1 = a.block_size - 1
         acc = dict.fromkeys(self.STEP_SUMS, 0.0)
-        dev_sums, spans = None, []  # float64 [loss, ce, kl, correct x b1, count x b1]
+        # float64 [loss, ce, kl, correct x b1, count x b1] (+ SELECTOR_SUMS for DFlash 2)
+        dev_sums, spans = None, []
         t_step = time.perf_counter()
         first = self.step * self.per_step
         for j in range(self.per_step):
@@ -492,10 +503,12 @@ class Trainer:
                     acc["n_kl"] += 1
                 else:
                     kl = torch.zeros_like(m["ce"])
-                v = torch.cat([torch.stack([m["loss"], m["ce"], kl]), m["correct"].double(), m["count"].double()])
+                v = torch.cat([torch.stack([m["loss"], m["ce"], kl]), m["correct"].double(), m["count"].double(),
+                               *([m["selector"]] if "selector" in m else [])])
                 dev_sums = v if dev_sums is None else dev_sums + v
         if dev_sums is None:
-            dev_sums = torch.zeros(3 + 2 * b1, dtype=torch.float64, device=self.dev)
+            n_sel = len(self.SELECTOR_SUMS) if self.drafter.selector is not None else 0
+            dev_sums = torch.zeros(3 + 2 * b1 + n_sel, dtype=torch.float64, device=self.dev)
         cuda = self.dev.startswith("cuda")
         reduce_span = None
         if self.r.world > 1:
@@ -534,7 +547,7 @@ class Trainer:
             vals = vals[len(self.STEP_SUMS):]
             self.stop_requested = acc["stop"] > 0
         acc["loss"], acc["ce"], acc["kl"] = vals[:3]
-        correct, count = vals[3:3 + b1], vals[3 + b1:]
+        correct, count, sel = vals[3:3 + b1], vals[3 + b1:3 + 2 * b1], vals[3 + 2 * b1:]
         if self.r.world > 1:
             acc["drafter_s"] += s.reduce_span.seconds() * self.r.world  # the all-reduces, as every rank spent them
         else:
@@ -564,7 +577,15 @@ class Trainer:
             "drafter_idle_frac": min(1.0, max(0.0, acc["wait_s"] / (n_d * step_s))),
             "drafter_serve_frac": min(1.0, max(0.0, acc["serve_s"] / (n_d * step_s))),
             "peak_mem_bytes": _peak_mem(self.dev),
+            **(self.selector_record(dict(zip(self.SELECTOR_SUMS, sel, strict=True)), acc["n_loss"]) if sel else {}),
         }
+
+    @staticmethod
+    def selector_record(sel: dict, n_loss) -> dict:
+        """DFlash 2's step keys (contract.metrics.SELECTOR_KEYS) from the summed SELECTOR_SUMS."""
+        mean = lambda x, n: x / n if n else float("nan")  # noqa: E731
+        return dict(zip(contract.SELECTOR_KEYS, (mean(sel["loss"], n_loss), mean(sel["correct"], sel["found"]),
+                                                 mean(sel["found"], sel["rows"])), strict=True))
 
     # ---- checkpoints -------------------------------------------------------------------------
     def save(self) -> Path:
@@ -753,7 +774,9 @@ class Trainer:
                          f"ce {rec['ce']:.4f} acc1 {rec['acc'][0]:.3f} proxy {rec['accept_proxy']:.2f} "
                          f"lr {rec['lr']:.2e} target {rec['target_tokens_per_s']:.0f} tok/s "
                          f"drafter {rec['drafter_rows_per_s']:.0f} rows/s idle t/d "
-                         f"{rec['target_idle_frac']:.2f}/{rec['drafter_idle_frac']:.2f}")
+                         f"{rec['target_idle_frac']:.2f}/{rec['drafter_idle_frac']:.2f}"
+                         + (f" selector loss {rec['selector_loss']:.4f} acc {rec['selector_acc']:.3f} recall "
+                            f"{rec['candidate_recall']:.3f}" if "selector_loss" in rec else ""))
             # (may_follow kept the next step from being queued here: these see the weights after n)
             if main:  # a target worker's interval evaluation, if it is done
                 self.collect_evals(metrics, wandb_run)

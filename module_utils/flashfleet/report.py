@@ -268,19 +268,20 @@ def summary_rows(hosts: dict[str, dict]) -> list[list[str]]:
     for name, h in hosts.items():
         # The newest optimizer-step record (the evaluation's tau record at the end has no loss).
         last = next((r for r in reversed(h["metrics"]) if metrics.is_step(r)), {})
-        tau = next((r[metrics.TAU] for r in reversed(h["metrics"])
-                    if isinstance(r.get(metrics.TAU), int | float)), None)
+        newest = next((r for r in reversed(h["metrics"]) if isinstance(r.get(metrics.TAU), int | float)), {})
+        tau = newest.get(metrics.TAU)
         d, s = h["diagnosis"], h["status"]
         rows.append([name, _fmt(d.get("verdict")), _fmt(s.get("phase")), _fmt(s.get("step", last.get(metrics.STEP))),
                      _fmt(s.get("epoch", last.get("epoch"))), _fmt(d.get("newest_checkpoint") or s.get("newest_checkpoint")),
                      _fmt(last.get(metrics.LOSS)), _fmt(last.get("accept_proxy")), _fmt(tau),
+                     metrics.settings_label(newest) if newest else "-",
                      _fmt(last.get("target_tokens_per_s"), 6), _fmt(last.get("drafter_rows_per_s"), 6),
                      str(len(h["metrics"])), _fmt(d.get("reason") or None)])
     return rows
 
 
 HEAD = ("host", "verdict", "phase", "step", "epoch", "newest checkpoint", "loss", "accept proxy", "tau",
-        "target tok/s", "drafter rows/s", "records", "reason")
+        "tau measured with", "target tok/s", "drafter rows/s", "records", "reason")
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;font-size:.9em}
 td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}th{background:#f3f3f3}
@@ -341,7 +342,8 @@ def serve_check_part(check: dict) -> list[str]:
             f'<p id="serve-check">vLLM {e(str(vllm.get("vllm_version", "?")))} on {e(str(check.get("host")))}: mean '
             f"acceptance length <b>{_fmt(theirs)}</b> ({vllm.get('drafts', '?')} drafts, {vllm.get('accepted', '?')} "
             f"accepted); dflash-eval's tau on the same prompts ({check.get('prompts_per_set')} per set, "
-            f"{check.get('max_new_tokens')} new tokens): <b>{_fmt(tau)}</b>{gap}.</p>"]
+            f"{check.get('max_new_tokens')} new tokens, {e(metrics.settings_label(ours))}): "
+            f"<b>{_fmt(tau)}</b>{gap}.</p>"]
 
 
 def write_report(run_dir: Path, output: Path | None = None) -> Path:

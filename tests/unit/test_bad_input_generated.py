@@ -519,7 +519,7 @@ def test_the_good_config_is_good(trainer_tiny, out_dir, tmp_path, capsys):  # no
 
 EVAL_NUMBERS = {"--num-prompts": (1, None, True), "--max-new-tokens": (1, None, True),
                 "--temperature": (0, None, False), "--seed": (0, 2**32 - 1, True), "--block-size": (2, None, True),
-                "--num-draft-layers": (1, None, True)}
+                "--num-draft-layers": (1, None, True), "--top-k": (0, None, True)}
 
 
 @st.composite

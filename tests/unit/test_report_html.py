@@ -76,6 +76,24 @@ def test_summary_row_shows_the_last_steps_loss_not_the_final_tau_record(run_dir)
     assert row["tau"] == "4.12" and row["loss"] != "-"
 
 
+def test_tau_is_shown_with_what_it_was_measured_with(run_dir):
+    """The summary's tau comes with the newest evaluation's sampling settings and thinking switch
+    (contract.metrics.settings_label); a record from before those keys shows as far as it goes."""
+    path = run_dir / "gpu01" / "metrics.jsonl"
+    with path.open("a") as f:
+        f.write("\n" + json.dumps({"step": 121, "tau": 2.5, "tau_pooled": 2.5, "temperature": 1.0, "top_p": 0.95,
+                                   "top_k": 20, "thinking": "off"}) + "\n")
+    row = dict(zip(fr.HEAD, fr.summary_rows(fr.load_run(run_dir))[0], strict=True))
+    assert (row["tau"], row["tau measured with"]) == ("2.5", "T 1, top-p 0.95, top-k 20, thinking off")
+    assert "T 1, top-p 0.95, top-k 20, thinking off" in fr.write_report(run_dir).read_text()
+    assert metrics.settings_label({"temperature": 0.0, "top_p": 1.0, "top_k": 0, "thinking": "on"}) == "greedy, thinking on"
+    assert metrics.settings_label({"temperature": 0.0, "top_p": 1.0}) == "greedy"  # an older record
+    assert metrics.settings_label({"tau": 4.12}) == "?"
+    check = {"host": "gpu01", "vllm": {"tau": 4.0}, "dflash_eval": {"tau": 4.1, "temperature": 0.0, "top_p": 1.0,
+                                                                   "top_k": 0, "thinking": None}}
+    assert "new tokens, greedy)" in "".join(fr.serve_check_part(check))
+
+
 def test_console_script_writes_the_report(run_dir):
     """`flashfleet-report RUN_DIR` (pyproject's console script) is the same entry point."""
     script = Path(sys.executable).with_name("flashfleet-report")
@@ -136,4 +154,4 @@ def test_restarts_are_marked_and_superseded_steps_plotted_once(tmp_path, monkeyp
     axes = {ax for ax, _x in vlines}
     assert {x for _ax, x in vlines} == {3} and len(axes) == len(re.findall(r"<figcaption>", text)) == 2  # loss, lr
     assert '<table id="restarts">' in text and "<td>gpu01</td><td>2</td><td>3</td>" in text
-    assert re.search(r"<td>gpu01</td>(<td[^>]*>[^<]*</td>){10}<td>7</td>", text), "records: the history's"
+    assert re.search(r"<td>gpu01</td>(<td[^>]*>[^<]*</td>){11}<td>7</td>", text), "records: the history's"

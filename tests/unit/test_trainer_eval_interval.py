@@ -31,6 +31,39 @@ def test_interval_evaluations_land_in_metrics(trainer_argv, tmp_path, capsys, mo
     assert "interval evaluation at step 4 deferred: evaluations used" in printed
 
 
+def test_every_tau_is_recorded_with_its_sampling_and_thinking(trainer_argv, tmp_path, capsys, monkeypatch):
+    """--eval-temperature/-top-p/-top-k/-thinking reach the evaluation (message prompts rendered
+    with the switch by the target's tokenizer, a stand-in here: the tiny target has none) and are
+    recorded beside tau: in metrics.jsonl, W&B and the log line."""
+    from flashfleet_trainer import evaluate, wandb_compat
+
+    class Tok:  # one id per character; thinking off adds the empty think block
+        chat_template = "{% if enable_thinking is false %}<think></think>{% endif %}"
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize, enable_thinking):
+            text = "".join(m["content"] for m in messages) + ("" if enable_thinking else "<think></think>")
+            return [ord(c) % 100 for c in text]
+
+    monkeypatch.setattr(evaluate, "_tokenizer_of", lambda target_model: Tok())
+    logged = []
+    monkeypatch.setattr(wandb_compat.WandbRun, "log", lambda self, record, step: logged.append(record))
+    prompts = tmp_path / "chat.jsonl"
+    prompts.write_text('{"messages": [{"role": "user", "content": "a question"}]}\n')
+    out = tmp_path / "run"
+    argv = trainer_argv("--max-steps", "2", "--eval-interval", "0", "--eval-prompts", str(prompts),
+                        "--eval-max-new-tokens", "4", "--eval-temperature", "1", "--eval-top-p", "0.9",
+                        "--eval-top-k", "5", "--eval-thinking", "off", "--resume", "never", out=out)
+    argv[argv.index("--eval-num-prompts") + 1] = "1"
+    assert train_main(argv) == 0
+    (rec,) = [r for r in contract.read(out / "metrics.jsonl") if not contract.is_step(r)]
+    settings = {"temperature": 1.0, "top_p": 0.9, "top_k": 5, "thinking": "off"}
+    assert {k: rec[k] for k in contract.EVAL_SETTINGS} == settings and set(contract.EVAL_KEYS) <= set(rec)
+    (wb,) = [r for r in logged if "tau_pooled" in r]
+    assert (wb["eval_temperature"], wb["eval_top_p"], wb["eval_top_k"], wb["eval_thinking"]) == (1.0, 0.9, 5, 0)
+    assert "final evaluation at step 2: tau_pooled" in capsys.readouterr().out
+    assert contract.settings_label(rec) == "T 1, top-p 0.9, top-k 5, thinking off"
+
+
 def test_eval_interval_range_is_checked(trainer_argv, capsys):
     assert train_main(trainer_argv("--eval-interval", "-1", "--check")) == EX_CONFIG
     assert "--eval-interval -1: must be >= 0" in capsys.readouterr().err

@@ -11,14 +11,21 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class FakeChatTokenizer:
-    """Stands in for a target's tokenizer (the tiny target has none): one id per character."""
+    """Stands in for a target's tokenizer (the tiny target has none): one id per character; with
+    thinking off, a Qwen3-style empty think block after the generation prompt."""
 
-    chat_template = "{{ messages }}"
+    chat_template = "{{ messages }}{% if enable_thinking is false %}<think></think>{% endif %}"
 
-    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, **kwargs):
         assert add_generation_prompt and tokenize
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        if "enable_thinking" in self.chat_template and kwargs.get("enable_thinking") is False:
+            text += "<think></think>"
         return {"input_ids": [ord(c) % 100 for c in text]}
+
+
+class NoSwitchTokenizer(FakeChatTokenizer):
+    chat_template = "{{ messages }}"
 
 
 def _write(path, rows):
@@ -34,6 +41,41 @@ def test_sets_ids_and_messages(tmp_path):
     assert list(sets) == ["gsm8k", "math", "chat"]  # order of first appearance; no "set": the file's stem
     assert sets["gsm8k"] == [[1, 2, 3], [5, 6]] and sets["math"] == [[4]]  # at most `limit` per set
     assert sets["chat"] == [[ord(c) % 100 for c in "<user>hi<assistant>"]]
+
+
+def _ids(text):
+    return [ord(c) % 100 for c in text]
+
+
+def test_the_thinking_switch_renders_messages_and_is_recorded(tmp_path):
+    """on (the default) leaves the template's generation prompt as it is, off passes
+    enable_thinking=False; `info` records the switch only where a template read it."""
+    chat = _write(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
+    ids = _write(tmp_path / "ids.jsonl", [{"input_ids": [1, 2]}])
+    for thinking, tail in (("on", "<assistant>"), ("off", "<assistant><think></think>")):
+        info = {}
+        sets = load_prompt_sets([chat, ids], tokenizer=FakeChatTokenizer(), thinking=thinking, info=info)
+        assert sets["chat"] == [_ids("<user>hi" + tail)] and info == {"thinking": thinking}
+    info = {}
+    load_prompt_sets(ids, tokenizer=FakeChatTokenizer(), thinking="off", info=info)
+    assert info == {"thinking": None}  # token ids only: no template was asked
+    load_prompt_sets(chat, tokenizer=NoSwitchTokenizer(), thinking="off", info=info)
+    assert info == {"thinking": None}  # a template without the switch
+
+
+def test_the_thinking_switch_with_a_qwen3_style_template(tmp_path):
+    """A real tokenizer with Qwen3's generation-prompt logic: off ends the prompt with the empty
+    think block, on does not."""
+    from transformers import AutoTokenizer
+
+    from tests.chat_tokenizer import make_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(make_tokenizer(tmp_path / "tok")))
+    chat = _write(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "What is 2 + 2?"}]}])
+    on = load_prompt_sets(chat, tokenizer=tok, thinking="on")["chat"][0]
+    off = load_prompt_sets(chat, tokenizer=tok, thinking="off")["chat"][0]
+    assert tok.decode(off).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert tok.decode(on).endswith("<|im_start|>assistant\n") and off[:len(on)] == on
 
 
 @pytest.mark.parametrize("line,needle", [
@@ -71,6 +113,9 @@ def test_dflash_eval_reports_tau_per_set(trainer_tiny, tmp_path, capsys):
     for s in out["sets"].values():
         assert s["tau_pooled"] == s["tokens"] / s["cycles"] and 1 <= s["tau_prompt_mean"] <= 4
     assert len(out["accept_rate"]) == 3
+    # recorded with its settings: greedy, no top-p/top-k, token-id prompts (no thinking switch)
+    for rec in (out, *out["sets"].values()):
+        assert (rec["temperature"], rec["top_p"], rec["top_k"], rec["thinking"]) == (0.0, 1.0, 0, None)
     # bad input: one config-error line, exit 78
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"set": "x"}\n')
@@ -78,6 +123,28 @@ def test_dflash_eval_reports_tau_per_set(trainer_tiny, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{bad}:1" in err[0] and "(fix: " in err[0]
     assert eval_main([*argv, "--top-p", "0"]) == EX_CONFIG
+    assert eval_main([*argv, "--top-k", "-1"]) == EX_CONFIG
+    assert "--eval-top-k -1: must be >= 0" in capsys.readouterr().err
+    assert eval_main([*argv, "--thinking", "maybe"]) == EX_CONFIG
+    assert "--thinking" in capsys.readouterr().err
+
+
+def test_dflash_eval_records_sampling_and_thinking(trainer_tiny, tmp_path, capsys, monkeypatch):
+    """--temperature/--top-p/--top-k/--thinking reach the prompts and the sampler, and the JSON
+    line records each beside tau (overall and per set)."""
+    from flashfleet_trainer import evaluate
+
+    monkeypatch.setattr(evaluate, "_tokenizer_of", lambda target_model: FakeChatTokenizer())
+    chat = _write(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
+    base = ["--target-model", str(trainer_tiny / "model"), "--random-drafter", "--block-size", "4",
+            "--num-draft-layers", "1", "--prompts", str(chat), "--max-new-tokens", "6"]
+    assert eval_main([*base, "--temperature", "1", "--top-p", "0.9", "--top-k", "5", "--thinking", "off"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for rec in (out, out["sets"]["chat"]):
+        assert (rec["temperature"], rec["top_p"], rec["top_k"], rec["thinking"]) == (1.0, 0.9, 5, "off")
+    assert eval_main(base) == 0  # the defaults: greedy, thinking on
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (out["temperature"], out["top_p"], out["top_k"], out["thinking"]) == (0.0, 1.0, 0, "on")
 
 
 def test_dflash_eval_takes_a_runs_config_and_writes_its_prompts(trainer_tiny, tmp_path, capsys):

@@ -24,6 +24,23 @@ from pathlib import Path
 from .errors import ConfigError
 
 THINKING = ("keep", "strip")
+# The thinking switch of an evaluation's prompts (dflash-eval --thinking, --eval-thinking): Qwen3.x
+# templates read `enable_thinking` (off: an empty think block after the generation prompt), others
+# ignore it. Default on: the published evaluations of the Qwen3.5/3.6/3.8 drafters run with
+# thinking (z-lab's benchmark commands pass `--reasoning`/`--enable-thinking`; `dflash` 0.1.0's
+# benchmark.py passes nothing by default, which those templates read as on). z-lab's Qwen3-4B/8B
+# drafters are non-thinking: their published tau is with it off.
+THINKING_SWITCH = ("on", "off")
+
+
+def thinking_kwargs(on: bool) -> dict:
+    """apply_chat_template's keyword for the switch."""
+    return {"enable_thinking": on}
+
+
+def reads_thinking(tokenizer) -> bool:
+    """Whether this tokenizer's chat template reads the switch at all."""
+    return "enable_thinking" in str(getattr(tokenizer, "chat_template", None) or "")
 
 
 class Drop(Exception):
@@ -47,8 +64,7 @@ class ChatTemplate:
         if thinking not in THINKING:
             raise ConfigError(f"--thinking {thinking!r}", f"use one of {', '.join(THINKING)}")
         self.thinking = thinking
-        # Qwen3-style templates read enable_thinking; others ignore it.
-        self.kwargs = {"enable_thinking": thinking == "keep"}
+        self.kwargs = thinking_kwargs(thinking == "keep")
         self.model_dir = d
         self.end_of_turn = self._end_of_turn()
 

@@ -29,6 +29,7 @@ import sys
 import types
 from dataclasses import dataclass
 
+from .chat_template import THINKING_SWITCH
 from .defaults import (
     DECAY_GAMMAS,
     DFLASH2,
@@ -60,7 +61,7 @@ DROP = "drop it for the target's default"
 HYBRID = "for a Qwen3.5/3.6 target"
 MASK_ROWS = ", ".join(f"{row} for the {vocab:,}-row {family} vocab" for family, (vocab, row) in SPARE_MASK_ROWS.items())
 GAMMAS = ", ".join(f"{g:g} for block >= {b}" for b, g in DECAY_GAMMAS[:-1]) + f", else {DECAY_GAMMAS[-1][1]:g}"
-EVAL = "evaluation (real acceptance length tau, greedy speculative decoding)"
+EVAL = "evaluation (real acceptance length tau, greedy or sampled speculative decoding)"
 SPECULATORS = "speculators 0.9.0's DFlash2SpeculatorConfig default"
 
 
@@ -287,6 +288,17 @@ class RunConfig:
         0.0, "> 0: the evaluations sample at this temperature (speculative sampling); on a weak target, "
         "whose greedy continuations loop, 1 shows the train/serve gap greedy hides", group=EVAL, ge=0,
         note="0 = greedy", example=1)
+    eval_top_p: float = setting(
+        1.0, "when sampling: the smallest top set of the target's (and a DFlash drafter's) distribution "
+        "whose mass reaches P, after --eval-top-k (z-lab's dflash protocol)", group=EVAL, gt=0, le=1,
+        note="1 = all", example=0.95)
+    eval_top_k: int = setting(
+        0, "when sampling: only the K most likely tokens, before --eval-top-p (z-lab's dflash protocol)",
+        group=EVAL, ge=0, note="0 = all", example=20)
+    eval_thinking: str = setting(
+        "on", "the chat template's thinking switch (`enable_thinking`, Qwen3.x templates) for prompts given "
+        "as messages; on as the published Qwen3.5/3.6/3.8 drafter evaluations, off for non-thinking "
+        "drafters (z-lab's Qwen3-4B/8B)", group=EVAL, choices=THINKING_SWITCH)
 
     # logging
     wandb_project: str | None = setting(None, "log to wandb too (metrics.jsonl is always written)",

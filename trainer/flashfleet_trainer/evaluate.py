@@ -57,12 +57,13 @@ from flashfleet.contract import layout
 
 from . import hybrid_cache
 from .attention import block_attention_inputs, layer_windows
+from .chat_template import reads_thinking, thinking_kwargs
 from .config import settings_view
 from .data import Blocks
 from .defaults import RANDOM_DRAFTER_LAYERS
 from .drafter import DFlashDrafter, DrafterConfig, default_mask_token_id, drafter_hidden
 from .loss import IGNORE
-from .sampling import GREEDY, Sampling, Stats, decode
+from .sampling import GREEDY, Sampling, Stats, decode, propose, walk
 from .target import default_target_layers, text_config_of
 
 
@@ -75,7 +76,7 @@ class PromptError(ValueError):
         self.what, self.fix = what, fix
 
 
-def _prompt_ids(rec, where, tokenizer_fn):
+def _prompt_ids(rec, where, tokenizer_fn, thinking="on"):
     if isinstance(rec, dict) and "input_ids" in rec:
         ids = rec["input_ids"]
         if not (isinstance(ids, list) and ids and all(isinstance(t, int) and t >= 0 for t in ids)):
@@ -87,16 +88,21 @@ def _prompt_ids(rec, where, tokenizer_fn):
                                                         for m in msgs)):
             raise PromptError(f"{where}: messages must be a non-empty list of {{\"role\", \"content\"}} objects")
         tok = tokenizer_fn()
-        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                      **thinking_kwargs(thinking == "on"))
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
         return [int(t) for t in ids]
     raise PromptError(f"{where}: a prompt line needs \"input_ids\" or \"messages\"")
 
 
-def load_prompt_sets(paths, limit=None, tokenizer=None) -> dict:
+def load_prompt_sets(paths, limit=None, tokenizer=None, thinking="on", info=None) -> dict:
     """{set name: [token id lists]} from JSONL files (format above), at most `limit` prompts per
     set, sets in order of first appearance. tokenizer: an object with apply_chat_template, or a
-    function returning one (called only when a line has messages). Raises PromptError."""
+    function returning one (called only when a line has messages). thinking: the chat template's
+    switch, "on" or "off" (chat_template.THINKING_SWITCH). With a dict `info`, info["thinking"]
+    says what the prompts were rendered with: the switch when a kept prompt went through a
+    template that reads it, else None (token ids only, or a template without the switch).
+    Raises PromptError."""
     cache = {}
 
     def tokenizer_fn():
@@ -130,9 +136,11 @@ def load_prompt_sets(paths, limit=None, tokenizer=None) -> dict:
                 raise PromptError(f"{where}: \"set\" must be a non-empty string")
             got = sets.setdefault(name, [])
             if limit is None or len(got) < limit:
-                got.append(_prompt_ids(rec, where, tokenizer_fn))
+                got.append(_prompt_ids(rec, where, tokenizer_fn, thinking))
     if not sets:
         raise PromptError(f"no prompts in {', '.join(map(str, [paths] if isinstance(paths, str | Path) else paths))}")
+    if info is not None:
+        info["thinking"] = thinking if "tok" in cache and reads_thinking(cache["tok"]) else None
     return sets
 
 
@@ -150,15 +158,14 @@ def load_prompts(path, limit=None) -> list[list[int]]:
 
 
 @torch.no_grad()
-def draft_logits(drafter, embed_weight, lm_head_weight, feats, anchor_token, anchor, block_size, mask_token_id):
-    """The drafter's logits [B-1, V] for positions anchor+1 .. anchor+B-1, from the target's
+def draft_block_hidden(drafter, embed_weight, feats, anchor_token, anchor, block_size, mask_token_id):
+    """The drafter's output [B-1, H] at positions anchor+1 .. anchor+B-1, from the target's
     features `feats` [1, >= anchor, n*H] (the uncached path: the whole context every time)."""
     ids = torch.full((1, block_size), mask_token_id, dtype=torch.long)
     ids[0, 0] = anchor_token
     blocks = Blocks(seq=torch.zeros(1, dtype=torch.long), anchor=torch.tensor([anchor]), input_ids=ids,
                     labels=torch.full_like(ids, IGNORE), teacher_pos=torch.zeros_like(ids))
-    hidden = drafter_hidden(drafter, embed_weight, feats, blocks)
-    return hidden[0, 1:] @ lm_head_weight.t().to(hidden.dtype)
+    return drafter_hidden(drafter, embed_weight, feats, blocks)[0, 1:]
 
 
 class UncachedSession:
@@ -178,9 +185,24 @@ class UncachedSession:
         self.feats, last = self.producer.forward(torch.tensor([self.seq]))
         return self._logits(last[0, -1])
 
+    def draft_hidden(self, anchor_token):
+        return draft_block_hidden(self.drafter, self.producer.embed_weight, self.feats, anchor_token, len(self.seq),
+                                  self.block_size, self.mask_id)
+
     def draft(self, anchor_token):
-        return draft_logits(self.drafter, self.producer.embed_weight, self.producer.lm_head_weight, self.feats,
-                            anchor_token, len(self.seq), self.block_size, self.mask_id)
+        """The drafter's logits [B-1, V] for this block."""
+        hidden = self.draft_hidden(anchor_token)
+        return hidden @ self.producer.lm_head_weight.t().to(hidden.dtype)
+
+    def propose(self, anchor_token, s: Sampling, gen):
+        """This cycle's drafts and their q (sampling.propose; sampling.walk for a DFlash 2 drafter,
+        whose `selector` reranks each position's candidates as the engines do)."""
+        hidden = self.draft_hidden(anchor_token)
+        logits = hidden @ self.producer.lm_head_weight.t().to(hidden.dtype)
+        selector = getattr(self.drafter, "selector", None)
+        if selector is None:
+            return propose(logits, s, gen)
+        return walk(selector, hidden, logits, anchor_token, s, gen)
 
     def verify(self, anchor_token, drafts):
         anchor, self.pending = len(self.seq), [anchor_token, *drafts]
@@ -231,7 +253,7 @@ class CachedSession(UncachedSession):
         return self._logits(last[0, -1])
 
     @torch.no_grad()
-    def draft(self, anchor_token):
+    def draft_hidden(self, anchor_token):
         b = self.block_size
         ids = torch.full((b,), self.mask_id, dtype=torch.long, device=self.dev)
         ids[0] = anchor_token
@@ -242,7 +264,7 @@ class CachedSession(UncachedSession):
         block_pos = torch.arange(self.n, self.n + b, device=self.dev)
         hidden = self.drafter(F.embedding(ids, self.producer.embed_weight), None, None, block_pos, masks,
                               ctx_kv=self.ctx_kv)
-        return hidden[1:] @ self.producer.lm_head_weight.t().to(hidden.dtype)
+        return hidden[1:]
 
     def verify(self, anchor_token, drafts):
         ids = torch.tensor([[anchor_token, *drafts]])
@@ -266,18 +288,20 @@ class CachedSession(UncachedSession):
         self.n += n
 
 
-def _summary(stats: Stats, per_prompt: list, block_size: int, s: Sampling) -> dict:
+def _summary(stats: Stats, per_prompt: list, block_size: int, s: Sampling, thinking) -> dict:
     return {"tau": stats.tau, "tau_pooled": stats.tau,
             "tau_prompt_mean": sum(per_prompt) / len(per_prompt) if per_prompt else None,
             "prompts": len(per_prompt), "cycles": stats.cycles, "tokens": stats.tokens, "block_size": block_size,
-            "accept_rate": stats.accept_rate(), "temperature": s.temperature, "top_p": s.top_p}
+            "accept_rate": stats.accept_rate(), **s.record(), "thinking": thinking}
 
 
 @torch.no_grad()
 def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, mask_token_id=None, trace=None,
-                    cache=True, sampling=GREEDY, seed=0):
-    """tau over prompts: `tau_pooled` (= `tau`), `tau_prompt_mean`, `accept_rate`, counts, and
-    `per_prompt` (each prompt's tau). prompts: a list of token id lists, or {set name: such a
+                    cache=True, sampling=GREEDY, seed=0, thinking=None):
+    """tau over prompts: `tau_pooled` (= `tau`), `tau_prompt_mean`, `accept_rate`, counts, the
+    settings it was measured with (`temperature`, `top_p`, `top_k`, and `thinking`: what
+    load_prompt_sets' info says the prompts were rendered with), and `per_prompt` (each prompt's
+    tau). prompts: a list of token id lists, or {set name: such a
     list}, which adds `sets` {name: the same figures for that set}. cache=False runs the
     uncached oracle (also the path for a target `CachedSession.supported` refuses). Sampling
     draws from one generator seeded with `seed`. With a list `trace`, one dict per prompt is
@@ -305,10 +329,10 @@ def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, m
                 taus.append(one.tau)
             total.add(st)
             per_prompt += taus
-            by_set[name] = _summary(st, taus, block_size, sampling)
+            by_set[name] = _summary(st, taus, block_size, sampling, thinking)
     finally:
         drafter.train(was_training)
-    res = {**_summary(total, per_prompt, block_size, sampling), "cached": cached, "per_prompt": per_prompt}
+    res = {**_summary(total, per_prompt, block_size, sampling, thinking), "cached": cached, "per_prompt": per_prompt}
     if isinstance(prompts, dict):
         res["sets"] = by_set
     return res
@@ -320,11 +344,15 @@ def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, m
 class EvalSettings:
     """The run's settings an evaluation during training reads (Trainer.evaluate, worker_eval)."""
 
+    target_model: str | None
     eval_prompts: str | None
     data_dir: str | None
     block_size: int
     eval_max_new_tokens: int
     eval_temperature: float
+    eval_top_p: float
+    eval_top_k: int
+    eval_thinking: str
     eval_interval_prompts: int
     seed: int
 
@@ -334,14 +362,22 @@ def eval_wanted(s: EvalSettings, n) -> bool:
     return n > 0 and Path(run_prompts_path(s.eval_prompts, s.data_dir)).is_file()
 
 
+def eval_sampling(s) -> Sampling:
+    """The run's (or dflash-eval's) sampling settings."""
+    return Sampling(s.eval_temperature, s.eval_top_p, s.eval_top_k)
+
+
 def evaluate_drafter(s: EvalSettings, producer, drafter, n, kind) -> dict:
     """tau of `drafter` against the replica `producer` on the first n held-out prompts of each set:
     evaluate.speculative_tau's figures (without per_prompt), `eval` = kind and `eval_s`. Run by a
     drafter rank (trainer.Trainer.evaluate), or by a target worker for one (worker_eval)."""
     t0 = time.perf_counter()
-    sets = load_prompt_sets(run_prompts_path(s.eval_prompts, s.data_dir), n)
+    info = {}
+    sets = load_prompt_sets(run_prompts_path(s.eval_prompts, s.data_dir), n, _tokenizer_of(s.target_model),
+                            s.eval_thinking, info)
     res = speculative_tau(producer, drafter, sets if len(sets) > 1 else next(iter(sets.values())),
-                          s.block_size, s.eval_max_new_tokens, sampling=Sampling(s.eval_temperature), seed=s.seed)
+                          s.block_size, s.eval_max_new_tokens, sampling=eval_sampling(s), seed=s.seed,
+                          thinking=info["thinking"])
     res.pop("per_prompt")
     return {**res, "eval": kind, "eval_s": time.perf_counter() - t0}
 
@@ -413,7 +449,9 @@ def main(argv=None):
     p.add_argument("--num-prompts", type=int, default=32, help="prompts per set (the first N)")
     add_setting(p, "eval_max_new_tokens", "--max-new-tokens")
     add_setting(p, "eval_temperature", "--temperature")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus for sampling, in (0, 1]")
+    add_setting(p, "eval_top_p", "--top-p")
+    add_setting(p, "eval_top_k", "--top-k")
+    add_setting(p, "eval_thinking", "--thinking")
     p.add_argument("--no-cache", action="store_true", help="re-run the whole sequence every cycle (the oracle the "
                    "cached evaluator is tested against; slower)")
     p.add_argument("--device", default="cpu")
@@ -430,10 +468,11 @@ def main(argv=None):
         if not a.target_model or not a.prompts:
             raise ValueError("--target-model and --prompts are needed (or --run-config RUN.json that names them)")
         check_bounds(a)  # the shared settings' ranges, as dflash-train checks them
-        sampling = Sampling(a.eval_temperature, a.top_p)
+        sampling = eval_sampling(a)
         if a.num_prompts < 1:
             raise ValueError(f"--num-prompts {a.num_prompts} must be >= 1")
-        sets = load_prompt_sets(a.prompts, a.num_prompts, _tokenizer_of(a.target_model))
+        info = {}
+        sets = load_prompt_sets(a.prompts, a.num_prompts, _tokenizer_of(a.target_model), a.eval_thinking, info)
         torch.device(a.device)  # a malformed --device: refused now, not after the target loaded
         if a.prompts_out:  # written at the end: a path that cannot take it is refused before the work
             out = Path(a.prompts_out)
@@ -488,7 +527,7 @@ def main(argv=None):
         drafter = load_drafter(ckpt, a.device)
     producer = HiddenStateProducer(a.target_model, [a.device], drafter.config.target_layer_ids, a.device)
     res = speculative_tau(producer, drafter, sets, drafter.config.block_size, a.eval_max_new_tokens,
-                          cache=not a.no_cache, sampling=sampling, seed=a.seed)
+                          cache=not a.no_cache, sampling=sampling, seed=a.seed, thinking=info["thinking"])
     res.pop("per_prompt")
     if a.prompts_out:
         Path(a.prompts_out).write_text(json.dumps([p for prompts in sets.values() for p in prompts]) + "\n")

@@ -7,16 +7,23 @@ p_k for every drafted position and p_{B-1} for the one after the last draft.
 Greedy (temperature 0): the longest prefix of drafts equal to the target's argmax is accepted,
 then the target's argmax at the first mismatch (or after the last draft) is the bonus token.
 
-Sampling (temperature T > 0, top-p): the standard speculative-sampling rule (Leviathan et al.
-2023; Chen et al. 2023). Draft k is sampled from the drafter's q_k; it is accepted with
+Sampling (temperature T > 0, top-p, top-k): the standard speculative-sampling rule (Leviathan
+et al. 2023; Chen et al. 2023). Draft k is sampled from the drafter's q_k; it is accepted with
 probability min(1, p_k(x) / q_k(x)); at the first rejection the committed token is sampled from
 norm(max(0, p_k - q_k)) and the cycle ends; when all B-1 are accepted the bonus is sampled from
-p_{B-1}. Every committed token is then distributed exactly as the target's own sampling
-(temperature, then top-p, applied to p and q alike). DFlash drafts all positions in one pass, so
-q_k does not depend on the other drafts: each q_k is the distribution its token was drawn from,
-which is all the rule needs.
+p_{B-1}. Every committed token is then distributed exactly as the target's own sampling. The
+sampling distribution is z-lab's `dflash` 0.1.0 protocol (`spec_generate(..., temperature,
+top_p, top_k)`): logits / T, the top-k kept, softmax, then the smallest nucleus of mass top_p
+among them; plain DFlash applies it to the drafter's logits as to the target's. Any q works for
+the rule as long as each draft was drawn from the q the rule is given.
 
-The loop reads the target and the drafter through a session (`start`, `draft`, `verify`,
+Which q: plain DFlash drafts all positions in one pass, so q_k does not depend on the other
+drafts. DFlash 2 (`walk`) draws position k among the top-k candidates of the drafter's logits,
+scored given the token chosen at k-1, so q_k is the softmax of those scores at T over the
+candidates (0 elsewhere), conditional on the earlier drafts; the rule needs exactly that, since
+draft k is only ever judged after drafts 1..k-1 were accepted.
+
+The loop reads the target and the drafter through a session (`start`, `propose`, `verify`,
 `commit`), so the evaluator's cached and uncached sessions and the tests' toy Markov pair run the
 same code.
 """
@@ -30,23 +37,33 @@ import torch
 class Sampling:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0  # nucleus: the smallest top set whose mass reaches top_p (1 = all)
+    top_k: int = 0  # only the k most likely tokens (0 = all)
 
     def __post_init__(self):
-        if not (self.temperature >= 0 and 0 < self.top_p <= 1):
-            raise ValueError(f"temperature {self.temperature} must be >= 0 and top_p {self.top_p} in (0, 1]")
+        if not (self.temperature >= 0 and 0 < self.top_p <= 1 and self.top_k >= 0):
+            raise ValueError(f"temperature {self.temperature} must be >= 0, top_p {self.top_p} in (0, 1] "
+                             f"and top_k {self.top_k} >= 0")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def record(self) -> dict:
+        """The settings as every tau is recorded with them (contract.metrics.EVAL_SETTINGS)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
 
 
 GREEDY = Sampling()
 
 
 def probs(logits, s: Sampling):
-    """logits [N, V] -> the sampling distributions [N, V] (fp32): softmax(logits / T), then top-p
-    (tokens outside the nucleus get 0, the rest renormalised)."""
-    p = torch.softmax(logits.float() / s.temperature, dim=-1)
+    """logits [N, V] -> the sampling distributions [N, V] (fp32): logits / T, the top-k kept (the
+    rest -inf), softmax, then top-p (tokens outside the nucleus get 0, the rest renormalised)."""
+    scores = logits.float() / s.temperature
+    if 0 < s.top_k < scores.shape[-1]:
+        top, idx = scores.topk(s.top_k, dim=-1)
+        scores = torch.full_like(scores, float("-inf")).scatter_(-1, idx, top)
+    p = torch.softmax(scores, dim=-1)
     if s.top_p < 1:
         sp, idx = p.sort(dim=-1, descending=True)
         outside = sp.cumsum(-1) - sp >= s.top_p  # the mass before this token already reaches top_p
@@ -65,11 +82,43 @@ def first_token(logits, s: Sampling, gen) -> int:
 
 
 def propose(draft_logits, s: Sampling, gen):
-    """(B-1 draft tokens, their distributions q [B-1, V] or None when greedy)."""
+    """Plain DFlash: (B-1 draft tokens, their distributions q [B-1, V] or None when greedy)."""
     if s.greedy:
         return draft_logits.argmax(-1).tolist(), None
     q = probs(draft_logits, s)
     return torch.multinomial(q, 1, generator=gen)[:, 0].tolist(), q
+
+
+def walk(selector, hidden, draft_logits, anchor: int, s: Sampling, gen):
+    """DFlash 2: (B-1 draft tokens, q [B-1, V] or None when greedy), drafted as vLLM 0.32.0's
+    DFlash2Speculator and z-lab's CandidateSelector.select do. hidden [B-1, H]: the drafter's
+    normed output at the drafted positions; draft_logits [B-1, V] from it. At each position the
+    candidates are the top `selector.top_k` tokens of the logits (the unary scores), and a
+    candidate's score is its logit plus the selector's transition score given its predecessor:
+    the anchor at the first position, the token chosen at the one before after that. vLLM scores
+    every (predecessor candidate, candidate) pair first ([B-1, K, K], the first position's rows
+    all the anchor) and then walks them; so does this. Greedy takes each position's best score;
+    sampling draws from softmax(scores / T) over the candidates, which is q (both engines apply
+    neither top-p nor top-k to the scores: those shape the target's p only)."""
+    k = selector.top_k
+    unary, cand = draft_logits.float().topk(k, dim=-1)  # [B-1, K]
+    n = cand.shape[0]
+    prev = torch.cat([torch.full((1, k), anchor, dtype=cand.dtype, device=cand.device), cand[:-1]])  # [B-1, K]
+    pair = selector.transition_scores(hidden[:, None, :].expand(n, k, hidden.shape[-1]), prev,
+                                      cand[:, None, :].expand(n, k, k))  # [B-1, K prev, K]
+    scores = unary[:, None, :] + pair.float()
+    drafts, q = [], None if s.greedy else torch.zeros_like(draft_logits, dtype=torch.float32)
+    i = 0  # the chosen predecessor's index among the previous candidates (any row at position 0)
+    for pos in range(n):
+        row = scores[pos, i]
+        if s.greedy:
+            i = int(row.argmax())
+        else:
+            qk = torch.softmax(row / s.temperature, dim=-1)
+            i = _draw(qk, gen)
+            q[pos].scatter_(0, cand[pos], qk)  # top-k candidates are distinct tokens
+        drafts.append(int(cand[pos, i]))
+    return drafts, q
 
 
 def accept(drafts, q, target_logits, s: Sampling, gen):
@@ -143,7 +192,7 @@ def decode(session, prompt, max_new_tokens, block_size, s: Sampling, gen, record
     anchor = first_token(session.start(prompt), s, gen)
     output, drafts_log, committed = [anchor], [], []
     while stats.tokens < max_new_tokens:
-        drafts, q = propose(session.draft(anchor), s, gen)
+        drafts, q = session.propose(anchor, s, gen)
         n, nxt = accept(drafts, q, session.verify(anchor, drafts), s, gen)
         session.commit(n + 1)  # the anchor and the n accepted drafts are now context
         output += drafts[:n] + [nxt]

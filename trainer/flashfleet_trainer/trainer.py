@@ -706,12 +706,17 @@ class Trainer:
         res = {**res, **self.tau_gap(res, step, recent)}
         warning = res[contract.TAU_GAP_WARNING]
         metrics.write({"step": step, **res})
+        # W&B keeps numbers: each tau beside what it was measured with (thinking as on = 1, off = 0)
+        thinking = {"on": 1, "off": 0}.get(res["thinking"])
         wandb_run.log({"tau_pooled": res["tau_pooled"], "tau_prompt_mean": res["tau_prompt_mean"], "eval_step": step,
+                       **{f"eval_{k}": res[k] for k in contract.EVAL_SETTINGS if k != "thinking"},
+                       **({} if thinking is None else {"eval_thinking": thinking}),
                        **{f"accept_rate/pos{k + 1}": r for k, r in enumerate(res["accept_rate"]) if r is not None}},
                       self.step)
         self.log(f"{res['eval']} evaluation at step {step}: tau_pooled {res['tau_pooled']:.3f}, "
                  f"tau_prompt_mean {res['tau_prompt_mean']:.3f} over {res['prompts']} prompts "
-                 f"(block {self.args.block_size}, {res['cycles']} cycles, {res['eval_s']:.1f} s)")
+                 f"(block {self.args.block_size}, {contract.settings_label(res)}, {res['cycles']} cycles, "
+                 f"{res['eval_s']:.1f} s)")
         if warning:
             self.log(warning)
 

@@ -45,13 +45,38 @@ SELECTOR_KEYS = ("selector_loss", "selector_acc", "candidate_recall")
 # warning (messages.tau_gap) when position 1, right in training, is rarely accepted served: labels
 # shifted against the positions the drafter is served at.
 TRAIN_TAU, TRAIN_ACC1, TAU_GAP_WARNING = "train_tau_proxy", "train_acc_pos1", "tau_gap_warning"
+# What every tau was measured with: temperature (0 = greedy), top_p (1 = all), top_k (0 = all) and
+# thinking, the chat template's switch the prompts were rendered with ("on", "off", or null: token-id
+# prompts, or a template without the switch). Records from before top_k and thinking lack them.
+EVAL_SETTINGS = ("temperature", "top_p", "top_k", "thinking")
 EVAL_KEYS = (
     "step", "tau", "tau_pooled", "tau_prompt_mean", "accept_rate", "prompts", "cycles", "tokens", "block_size",
-    "temperature", "top_p", "cached", "eval", "eval_s", TRAIN_TAU, TRAIN_ACC1, TAU_GAP_WARNING,
+    *EVAL_SETTINGS, "cached", "eval", "eval_s", TRAIN_TAU, TRAIN_ACC1, TAU_GAP_WARNING,
 )
 
 LOSS, TAU, STEP = "loss", "tau", "step"
 INVOCATION = "invocation"  # on every record: the start of the run that wrote it (1 = the first)
+
+
+def settings_label(record: dict) -> str:
+    """An evaluation record's EVAL_SETTINGS in a few words, for the report and the logs:
+    "greedy, thinking off", "T 1, top-p 0.95, top-k 20" (defaults left out; thinking only when the
+    prompts were rendered with it); "?" for a record without a usable temperature."""
+    def num(key, default):
+        v = record.get(key, default)
+        return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    t, top_p, top_k = num("temperature", None), num("top_p", 1), num("top_k", 0)
+    if t is None:
+        return "?"
+    words = ["greedy"] if t == 0 else [f"T {t:g}"]
+    if t != 0 and top_p != 1:
+        words.append(f"top-p {top_p:g}" if top_p is not None else "top-p ?")
+    if t != 0 and top_k != 0:
+        words.append(f"top-k {top_k:g}" if top_k is not None else "top-k ?")
+    if record.get("thinking") in ("on", "off"):
+        words.append(f"thinking {record['thinking']}")
+    return ", ".join(words)
 
 
 def is_step(record: dict) -> bool:

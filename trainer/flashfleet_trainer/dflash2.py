@@ -80,16 +80,10 @@ def grouped_conv(x, delta, base, block_size: int):
     return y.reshape(m, h)
 
 
-def _conv(x, delta, base, block_size):
-    """grouped_conv, on CUDA compiled as the drafter's other elementwise ops are (drafter._fused)."""
-    from .drafter import _fused  # drafter imports this module: import back at call time
-
-    return _fused(grouped_conv, x)(x, delta, base, block_size)
-
-
 class GroupedDynamicConv(nn.Module):
     """The convolution pair around one sublayer: `prepare` convolves its input and returns the
-    output side's delta, `finish` convolves its output with it. Names and shapes are the format's
+    output side's delta, `finish` convolves its output with it; `conv` is grouped_conv or the same
+    compiled (the drafter's layers pass drafter._fused's). Names and shapes are the format's
     (layers.N.attention_conv.base_kernel [2, taps, H], ...kernel_projection.weight [2*taps*G, H])."""
 
     def __init__(self, hidden_size: int, kernel_size: int, group_size: int, block_size: int):
@@ -106,12 +100,12 @@ class GroupedDynamicConv(nn.Module):
             self.base_kernel[:, 0] = 1.0
             self.kernel_projection.weight.zero_()
 
-    def prepare(self, x):
+    def prepare(self, x, conv=grouped_conv):
         delta = self.kernel_projection(x).view(x.shape[0], 2, self.kernel_size, self.groups)
-        return _conv(x, delta[:, 0], self.base_kernel[0], self.block_size), delta[:, 1]
+        return conv(x, delta[:, 0], self.base_kernel[0], self.block_size), delta[:, 1]
 
-    def finish(self, y, delta):
-        return _conv(y, delta, self.base_kernel[1], self.block_size)
+    def finish(self, y, delta, conv=grouped_conv):
+        return conv(y, delta, self.base_kernel[1], self.block_size)
 
 
 class CandidateSelector(nn.Module):

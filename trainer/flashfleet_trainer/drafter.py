@@ -23,7 +23,7 @@ from .attention import SparseAttention, block_attention_inputs, flex_layouts, la
 from .compilation import raise_recompile_limit
 from .defaults import DFLASH2, DRAFTER_KINDS, HYBRID_DRAFTER, MOE_MLP_PER_HIDDEN, SPARE_MASK_ROWS
 from .dflash2 import SHAPE as DFLASH2_SHAPE
-from .dflash2 import CandidateSelector, GroupedDynamicConv, dflash2_problem
+from .dflash2 import CandidateSelector, GroupedDynamicConv, dflash2_problem, grouped_conv
 from .target import HYBRID_TEXT_TYPES, rope_theta_of, text_config_of
 
 try:  # Triton: CUDA installs; CPU-only ones keep the torch ops
@@ -392,15 +392,16 @@ class DraftLayer(nn.Module):
         """x [M, H]: whole blocks, one after another (DFlash 2's convolutions take row % block size
         as the block position)."""
         h = self.input_layernorm(x)
+        conv = _fused(grouped_conv, x) if self.attention_conv is not None else None  # on CUDA compiled
         if self.attention_conv is not None:
-            h, delta = self.attention_conv.prepare(h)
+            h, delta = self.attention_conv.prepare(h, conv)
         a = self.self_attn(h, ctx, rope_q, rope_kv, mask, ctx_kv)
-        x = x + (a if self.attention_conv is None else self.attention_conv.finish(a, delta))
+        x = x + (a if self.attention_conv is None else self.attention_conv.finish(a, delta, conv))
         h = self.post_attention_layernorm(x)
         if self.mlp_conv is not None:
-            h, delta = self.mlp_conv.prepare(h)
+            h, delta = self.mlp_conv.prepare(h, conv)
         m = self.down_proj(_swiglu(project(h, self.gate_proj, self.up_proj, packed=True)))
-        return x + (m if self.mlp_conv is None else self.mlp_conv.finish(m, delta))
+        return x + (m if self.mlp_conv is None else self.mlp_conv.finish(m, delta, conv))
 
 
 class DFlashDrafter(nn.Module):

@@ -5,8 +5,9 @@ DFlash2Speculator agrees with: top-k of the drafter's logits, each candidate's l
 transition score given the previous choice, the anchor first; greedy argmax, sampling from the
 softmax of the scores at T, which is q). With the same weights the walk must choose the same
 path, and when sampling give the same q at every position (z-lab's draws made to follow the
-walk's path, so the two are compared on one path). Then the evaluator: a drafter whose
-`selector` is set drafts by the walk, cached and uncached alike.
+walk's path, so the two are compared on one path). The selector is the drafter's own
+(dflash2.CandidateSelector) holding z-lab's weights. Then the evaluator: a `--drafter-kind dflash2`
+drafter (its `selector` set) drafts by the walk, cached and uncached alike.
 """
 
 import sys
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from flashfleet_trainer.dflash2 import CandidateSelector
 from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig
 from flashfleet_trainer.evaluate import CachedSession, UncachedSession, load_prompts, speculative_tau
 from flashfleet_trainer.sampling import GREEDY, Sampling, propose, walk
@@ -37,18 +39,15 @@ def _zlab():
     return dflash.model
 
 
-class StandIn:
-    """A selector of the drafter's interface (top_k, transition_scores) holding z-lab's weights:
-    <P[prev] * (W h), S[c]>."""
-
-    def __init__(self, zl):
-        self.top_k = zl.top_k
-        self.pred, self.succ = zl.predecessor_codebook.weight, zl.successor_codebook.weight
-        self.proj = zl.hidden_projection.weight
-
-    def transition_scores(self, hidden, predecessor_ids, candidate_ids):
-        context = self.pred[predecessor_ids] * (hidden @ self.proj.T)
-        return (self.succ[candidate_ids] * context.unsqueeze(-2)).sum(-1)
+def _ours(zl) -> CandidateSelector:
+    """The drafter's selector with z-lab's selector's weights (the format's names)."""
+    ours = CandidateSelector(zl.hidden_projection.in_features, zl.predecessor_codebook.num_embeddings,
+                             zl.hidden_projection.out_features, zl.top_k)
+    with torch.no_grad():
+        ours.predecessor_codebook.copy_(zl.predecessor_codebook.weight)
+        ours.successor_codebook.copy_(zl.successor_codebook.weight)
+        ours.hidden_projection.weight.copy_(zl.hidden_projection.weight)
+    return ours.eval()
 
 
 def _pair(seed=0):
@@ -57,7 +56,7 @@ def _pair(seed=0):
     zl = zlab.CandidateSelector(SimpleNamespace(vocab_size=V, hidden_size=H, selector_rank=RANK,
                                                 selector_top_k=K)).eval()
     hidden, logits = torch.randn(1, L, H), 3 * torch.randn(1, L, V)
-    return zlab, zl, StandIn(zl), hidden, logits
+    return zlab, zl, _ours(zl), hidden, logits
 
 
 @torch.no_grad()
@@ -101,14 +100,14 @@ def setup(trainer_tiny):
     tcfg = AutoConfig.from_pretrained(model, local_files_only=True)
     torch.manual_seed(0)
     cfg = DrafterConfig.from_target(tcfg, num_draft_layers=1, target_layer_ids=[1, 2], block_size=BLOCK,
-                                    mask_token_id=tcfg.vocab_size - 1)
+                                    mask_token_id=tcfg.vocab_size - 1, drafter_kind="dflash2", conv_kernel_size=2,
+                                    conv_group_size=16, selector_rank=RANK, selector_top_k=K)
     drafter = DFlashDrafter(cfg).eval()
-    torch.manual_seed(1)
-    zl = _zlab().CandidateSelector(SimpleNamespace(vocab_size=tcfg.vocab_size, hidden_size=tcfg.hidden_size,
-                                                   selector_rank=RANK, selector_top_k=K))
-    for w in (zl.predecessor_codebook.weight, zl.successor_codebook.weight):
-        w.data *= 3  # strong enough that the walk leaves the logits' argmax
-    drafter.selector = StandIn(zl)
+    assert isinstance(drafter.selector, CandidateSelector)
+    with torch.no_grad():  # an untrained selector scores ~0: make it strong enough to leave the logits' argmax
+        for w in (drafter.selector.predecessor_codebook, drafter.selector.successor_codebook,
+                  drafter.selector.hidden_projection.weight):
+            w.normal_(0, 1)
     return producer, prompts, drafter
 
 

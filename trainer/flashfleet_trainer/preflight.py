@@ -1,8 +1,8 @@
 """Everything `--check` validates, and the StartFacts a run starts from.
 
-`preflight(args)` is the first thing every start runs, so a deterministic start-up error is the
-same one-line ConfigError (exit 78) whether `--check` finds it on the controller or the unit
-finds it on the host. It loads no weights: config.json (a composite config through its
+`preflight(cfg)` runs `CHECKS`, small checks in order, each reading what the ones before it found.
+It is the first thing every start runs, so a deterministic start-up error is the same one-line
+ConfigError (exit 78) whether `--check` finds it on the controller or the unit finds it on the host. It loads no weights: config.json (a composite config through its
 text_config; `target.SUPPORTED_TARGETS`), the safetensors index and the headers of the shards a
 replica would load (never their data; a wrapped checkpoint's vision shards are not even opened),
 the data's schema and values (token ids below the vocabulary, loss_mask lengths: from Parquet
@@ -27,7 +27,7 @@ from flashfleet.contract.layout import CHECKPOINTS
 from . import checkpoint as ckpt
 from . import short_conv, wandb_compat
 from .attention import flex_available, resolve_attn_impl
-from .config import check_bounds, parse_devices
+from .config import parse_devices
 from .data import check_schema
 from .defaults import DFLASH2
 from .dflash2 import SHAPE as DFLASH2_SHAPE
@@ -75,8 +75,8 @@ class StartFacts:
     servers: list = field(default_factory=list)  # --target-servers: vllm_target.Server, each checked
 
 
-    def in_process(self, args) -> bool:
-        return in_process_layout(args.nnodes, self.target_devices, self.drafter_devices)
+    def in_process(self, cfg) -> bool:
+        return in_process_layout(cfg.nnodes, self.target_devices, self.drafter_devices)
 
 
 def in_process_layout(nnodes, target_devices, drafter_devices) -> bool:
@@ -86,7 +86,7 @@ def in_process_layout(nnodes, target_devices, drafter_devices) -> bool:
     return nnodes == 1 and len(drafter_devices) == 1 and list(target_devices) in ([], list(drafter_devices))
 
 
-def check_target_servers(args, layer_ids, n_layers, vocab, hidden, summary) -> list:
+def check_target_servers(cfg, layer_ids, n_layers, vocab, hidden, summary) -> list:
     """--target-servers: refused with --drafter-serves-target (no replica to serve with); at a start
     or --check each server is asked for a real extraction (vllm_target.check_servers), whose lines
     join the summary; --serve-config contacts nobody. A server that cannot answer raises
@@ -94,19 +94,19 @@ def check_target_servers(args, layer_ids, n_layers, vocab, hidden, summary) -> l
     unit (exit 1), instead of being refused for good (78)."""
     from .vllm_target import check_servers, parse_servers
 
-    if args.drafter_serves_target:
+    if cfg.drafter_serves_target:
         raise ConfigError("--drafter-serves-target with --target-servers: the target runs in vLLM, so the "
                           "drafter has no replica to serve with", "drop --drafter-serves-target")
     try:
-        parse_servers(args.target_servers)
+        parse_servers(cfg.target_servers)
     except ValueError as e:
         raise ConfigError(f"--target-servers: {e}", "e.g. --target-servers http://127.0.0.1:8100,"
                           "http://127.0.0.1:8101") from e
-    if args.serve_config:
+    if cfg.serve_config:
         return []
     # A start waits for servers that are (re)starting; --check says at once what it finds.
-    wait_s = 0.0 if args.check else args.target_server_wait
-    servers, lines = check_servers(args.target_servers, layer_ids, n_layers, args.max_seq_len, vocab, hidden,
+    wait_s = 0.0 if cfg.check else cfg.target_server_wait
+    servers, lines = check_servers(cfg.target_servers, layer_ids, n_layers, cfg.max_seq_len, vocab, hidden,
                                    wait_s, log=lambda s: print(s, flush=True))
     summary.extend(lines)
     return servers
@@ -127,16 +127,6 @@ def _model_bytes(model_dir: Path) -> int:
         sum(f.stat().st_size for f in model_dir.glob("*.bin"))
 
 
-class _DrafterFlags:
-    """args, with the drafter-shape flags None where a caller's Namespace lacks them."""
-
-    def __init__(self, args):
-        self._a = args
-
-    def __getattr__(self, name):
-        return getattr(self._a, name, None)
-
-
 @dataclass
 class TargetWeights:
     """What the safetensors headers say about the weights a run loads (no data is read)."""
@@ -148,7 +138,7 @@ class TargetWeights:
     shapes: dict  # {name: shape} of the loaded tensors
 
 
-def target_weights(model_dir: Path) -> TargetWeights | None:
+def read_target_weights(model_dir: Path) -> TargetWeights | None:
     """The loaded tensors' sizes from the headers of the shards that hold them (only those are
     read, 8 bytes + a JSON header each); None without safetensors. ConfigError on a shard the
     index names that is missing or whose header is broken or does not match its size."""
@@ -351,7 +341,7 @@ def check_data_values(files, vocab: int, budget_tokens: int | None = None, max_s
     return how + (f"; full scan of loss_mask lengths: all {read_rows} rows" if read_rows else "; no loss_mask column")
 
 
-def check_devices(args, target_devices, drafter_devices) -> None:
+def check_devices(cfg, target_devices, drafter_devices) -> None:
     """Target and drafter devices against each other: what the trainer can run. A GPU may hold both
     a target and a drafter only in the in-process layout (one node, one target and one drafter on
     that one device, called in-line). Any other overlap would put a target worker and a drafter
@@ -359,17 +349,17 @@ def check_devices(args, target_devices, drafter_devices) -> None:
     topology does not do: refused; --drafter-serves-target is the way to have a drafter's GPU run
     the target too. That flag in the in-process layout would be a second replica on the one device:
     refused as well."""
-    if args.nnodes > 1 and "cpu" in drafter_devices and "cpu" not in target_devices:
+    if cfg.nnodes > 1 and "cpu" in drafter_devices and "cpu" not in target_devices:
         raise ConfigError("--drafter-gpus cpu with GPU targets", "put targets and drafters on the same kind of device")
     shared = [d.split(":")[1] for d in drafter_devices if d != "cpu" and d in target_devices]
-    in_process = in_process_layout(args.nnodes, target_devices, drafter_devices)
+    in_process = in_process_layout(cfg.nnodes, target_devices, drafter_devices)
     if shared and not in_process:
-        raise ConfigError(f"--drafter-gpus {args.drafter_gpus} overlaps --target-gpus {args.target_gpus} on GPU(s) "
+        raise ConfigError(f"--drafter-gpus {cfg.drafter_gpus} overlaps --target-gpus {cfg.target_gpus} on GPU(s) "
                           f"{','.join(shared)}: only one target and one drafter on one node may share a GPU "
                           "(in one process)", "give the drafter ranks GPUs of their own (e.g. --target-gpus 0,1,2,3,4,5,6 "
                           "--drafter-gpus 7, and --drafter-serves-target for the drafter's GPU to run the target "
                           "while it would wait), or one GPU for both on one node")
-    if in_process and args.drafter_serves_target:
+    if in_process and cfg.drafter_serves_target:
         raise ConfigError("--drafter-serves-target with one device for target and drafter: the drafter already "
                           "runs the target on that device, in its own process",
                           "drop --drafter-serves-target, or give the targets devices of their own")
@@ -388,16 +378,16 @@ def memory_need(target_params, drafter_params, replica_devices, drafter_devices)
     return need
 
 
-def preflight_teacher_fp8(args, vocab: int, hidden: int, drafter_devices) -> str | None:
+def preflight_teacher_fp8(cfg, vocab: int, hidden: int, drafter_devices) -> str | None:
     """--teacher-fp8's needs, before anything is loaded: its summary line, or None when it is off."""
-    if not args.teacher_fp8:
+    if not cfg.teacher_fp8:
         return None
-    if not args.use_soft_labels or args.kl_weight == 0:
-        why = "without --use-soft-labels" if not args.use_soft_labels else "with --kl-weight 0"
+    if not cfg.use_soft_labels or cfg.kl_weight == 0:
+        why = "without --use-soft-labels" if not cfg.use_soft_labels else "with --kl-weight 0"
         raise ConfigError(f"--teacher-fp8 {why}: a CE-only run computes no teacher logits",
                           "train with --use-soft-labels and a --kl-weight above 0, or drop --teacher-fp8")
-    if args.loss_impl == "torch" or "cpu" in drafter_devices:
-        what = "--loss-impl torch" if args.loss_impl == "torch" else "a CPU drafter"
+    if cfg.loss_impl == "torch" or "cpu" in drafter_devices:
+        what = "--loss-impl torch" if cfg.loss_impl == "torch" else "a CPU drafter"
         raise ConfigError(f"--teacher-fp8 with {what}: the FP8 teacher GEMM is an option of the Triton kernel on CUDA",
                           "train the drafter on a GPU with --loss-impl auto or triton, or drop --teacher-fp8")
     try:
@@ -444,26 +434,26 @@ def check_wandb_credentials(project, settings: dict) -> str:
                       "set WANDB_API_KEY (or run `wandb login` as the run's user), or WANDB_MODE=offline")
 
 
-def check_checkpoints(args, dcfg: DrafterConfig, world: int) -> tuple[list[str], ckpt.Found | None]:
+def check_checkpoints(cfg, dcfg: DrafterConfig, world: int) -> tuple[list[str], ckpt.Found | None]:
     """What the run will resume from, checked now: an explicit --resume path must verify in full;
     with auto, the newest complete checkpoint (sizes, sha256, header, marker), and step
     directories newer than it are named (a start moves them aside). The chosen checkpoint's
     drafter and micro-batches per optimizer step must be this run's. (Summary lines, what was
     verified: the one full verification of a start.)"""
-    root = Path(args.output_dir) / CHECKPOINTS
-    if args.resume == "never":
+    root = Path(cfg.output_dir) / CHECKPOINTS
+    if cfg.resume == "never":
         n = len(ckpt.complete_checkpoints(root))
         return ["checkpoints: --resume never, starting from scratch" + (
             f" ({n} complete checkpoint(s) in {root} are not read; saving a step they hold replaces it)" if n else "")
         ], None
     lines = []
-    if args.resume != "auto":
-        path = Path(args.resume)
+    if cfg.resume != "auto":
+        path = Path(cfg.resume)
         problems = ckpt_contract.verify(path, check_hashes=True)
         if problems:
             raise ConfigError(f"--resume {path} is not a complete checkpoint ({problems[0]})",
                               "pass --resume auto (the newest complete one) or a complete checkpoints/step-XXXXXXXX")
-        found = ckpt.Found(root=root, resume=args.resume, path=path)
+        found = ckpt.Found(root=root, resume=cfg.resume, path=path)
     else:
         bad, path = ckpt.broken_newest(root)
         found = ckpt.Found(root=root, resume="auto", path=path, newer=bad)
@@ -473,8 +463,8 @@ def check_checkpoints(args, dcfg: DrafterConfig, world: int) -> tuple[list[str],
         if path is None:
             return lines + [f"checkpoints: no complete checkpoint in {root}, starting from scratch"], found
     try:
-        cfg = json.loads((path / ckpt.CONFIG).read_text())
-        theirs = DrafterConfig.from_dict(cfg).to_dict()
+        saved = json.loads((path / ckpt.CONFIG).read_text())
+        theirs = DrafterConfig.from_dict(saved).to_dict()
         state = ckpt.load_state(path)
     except Exception as e:
         raise ConfigError(f"checkpoint {path}: config or trainer state unreadable ({str(e).splitlines()[0]})",
@@ -486,44 +476,41 @@ def check_checkpoints(args, dcfg: DrafterConfig, world: int) -> tuple[list[str],
         raise ConfigError(f"checkpoint {path} has a different drafter ({what})",
                           "use a new --output-dir, --resume never, or the drafter flags the checkpoint was trained with")
     saved_world, saved_accum = state.get("world"), (state.get("args") or {}).get("grad_accum")
-    per_step = args.grad_accum * world
+    per_step = cfg.grad_accum * world
     if saved_world is not None and saved_accum is not None and saved_world * saved_accum != per_step:
         fit = saved_world * saved_accum / world
         hint = f"--grad-accum {int(fit)}" if fit == int(fit) and fit >= 1 else "the checkpoint's topology"
         raise ConfigError(f"checkpoint {path} was trained with {saved_world * saved_accum} micro-batches per optimizer "
                           f"step (--grad-accum {saved_accum} x {saved_world} drafter rank(s)), this run takes {per_step} "
-                          f"(--grad-accum {args.grad_accum} x {world}): its step count, LR schedule and data position "
+                          f"(--grad-accum {cfg.grad_accum} x {world}): its step count, LR schedule and data position "
                           "would mean something else", f"pass {hint}, or use a new --output-dir or --resume never")
     lines.append(f"checkpoints: resumes from {path} (step {state.get('step')}; verified: sizes, sha256, header, "
                  f"marker; the same drafter; {per_step} micro-batches per step as saved)")
     return lines, found
 
 
-def drafter_config(args, tcfg, layer_ids, mask_id) -> DrafterConfig:
-    """The drafter this run builds: the target's defaults (`drafter.drafter_defaults`) and the flags.
-    Flags absent from `args` (an older Namespace) count as not given."""
-    args = _DrafterFlags(args)
-    check_bounds(args)  # the shape flags' ranges, for callers that built args without parse_args
+def drafter_config(cfg, tcfg, layer_ids, mask_id) -> DrafterConfig:
+    """The drafter this run builds: the target's defaults (`drafter.drafter_defaults`) and the flags."""
     dflash2 = {}
-    if args.drafter_kind == "dflash2":  # what speculators, z-lab and vLLM refuse, refused here first
-        dflash2 = {k: getattr(args, k) or DFLASH2[k] for k in DFLASH2_SHAPE}
+    if cfg.drafter_kind == "dflash2":  # what speculators, z-lab and vLLM refuse, refused here first
+        dflash2 = {k: getattr(cfg, k) or DFLASH2[k] for k in DFLASH2_SHAPE}
         t = text_config_of(tcfg)
-        problem = dflash2_problem(t.hidden_size, args.block_size, t.vocab_size, dflash2["conv_kernel_size"],
+        problem = dflash2_problem(t.hidden_size, cfg.block_size, t.vocab_size, dflash2["conv_kernel_size"],
                                   dflash2["conv_group_size"], dflash2["selector_top_k"])
         if problem:
             raise ConfigError(*problem)
     try:
         dcfg = DrafterConfig.from_target(
-            tcfg, num_draft_layers=args.num_draft_layers, target_layer_ids=layer_ids, block_size=args.block_size,
-            mask_token_id=mask_id, target_model=args.target_model, layer_types=args.drafter_layer_types,
-            sliding_window=args.sliding_window, num_attention_heads=args.drafter_num_heads,
-            num_key_value_heads=args.drafter_num_kv_heads, head_dim=args.drafter_head_dim,
-            intermediate_size=args.drafter_intermediate_size, drafter_kind=args.drafter_kind, **dflash2)
+            tcfg, num_draft_layers=cfg.num_draft_layers, target_layer_ids=layer_ids, block_size=cfg.block_size,
+            mask_token_id=mask_id, target_model=cfg.target_model, layer_types=cfg.drafter_layer_types,
+            sliding_window=cfg.sliding_window, num_attention_heads=cfg.drafter_num_heads,
+            num_key_value_heads=cfg.drafter_num_kv_heads, head_dim=cfg.drafter_head_dim,
+            intermediate_size=cfg.drafter_intermediate_size, drafter_kind=cfg.drafter_kind, **dflash2)
     except ValueError as e:
         raise ConfigError(f"--drafter-layer-types / --sliding-window: {e}",
                           "give one of full|sliding per draft layer, and --sliding-window W with sliding layers") from e
-    if args.sliding_window is not None and "sliding_attention" not in dcfg.layer_types:
-        raise ConfigError(f"--sliding-window {args.sliding_window} but no draft layer is sliding_attention "
+    if cfg.sliding_window is not None and "sliding_attention" not in dcfg.layer_types:
+        raise ConfigError(f"--sliding-window {cfg.sliding_window} but no draft layer is sliding_attention "
                           f"({dcfg.layer_types})", "drop --sliding-window or pass --drafter-layer-types")
     if dcfg.num_attention_heads % dcfg.num_key_value_heads:
         raise ConfigError(f"drafter heads {dcfg.num_attention_heads} not a multiple of KV heads "
@@ -545,43 +532,87 @@ def check_output_dir(output_dir) -> None:
         raise ConfigError(f"--output-dir {out} is not writable", "create it or fix its ownership")
 
 
-def preflight(args) -> StartFacts:
-    """Validate paths, model config, data schema, devices, memory and wandb. Raises ConfigError."""
+@dataclass
+class Found:
+    """What the checks found so far: each check reads what earlier ones set, and adds its own."""
+
+    summary: list = field(default_factory=list)  # the lines `--check` prints
+    model_dir: Path | None = None
+    tcfg: object = None  # the target's transformers config
+    text: object = None  # its text config (the config itself for a text-only model)
+    weights: TargetWeights | None = None
+    layer_ids: list = field(default_factory=list)
+    mask_id: int = 0
+    files: list = field(default_factory=list)
+    rows: int = 0
+    target_devices: list = field(default_factory=list)
+    drafter_devices: list = field(default_factory=list)
+    servers: list = field(default_factory=list)
+    params: float = 0.0  # the target's parameters a replica loads
+    world: int = 0  # drafter ranks in all
+    dcfg: DrafterConfig | None = None
+    checkpoints: ckpt.Found | None = None
+    wandb_settings: dict = field(default_factory=dict)
+
+    @property
+    def replica(self) -> float:
+        """Bytes of one target replica in bf16, 10% over."""
+        return self.params * 2 * 1.1
+
+    def start_facts(self) -> StartFacts:
+        return StartFacts(target_config=self.tcfg, layer_ids=self.layer_ids, mask_token_id=self.mask_id,
+                          target_devices=self.target_devices, drafter_devices=self.drafter_devices,
+                          data_files=self.files, data_rows=self.rows, wandb_settings=self.wandb_settings,
+                          summary=self.summary, drafter_config=self.dcfg, vocab_size=self.text.vocab_size,
+                          checkpoints=self.checkpoints, servers=self.servers,
+                          num_target_layers=self.text.num_hidden_layers)
+
+
+# The checks, each `check(cfg, found) -> line(s) or None`, run in CHECKS' order: a check raises
+# ConfigError (exit 78) or returns what `--check` prints. cfg is the parsed run configuration.
+
+def output_dir(cfg, f: Found):
+    """The run can make or use --output-dir (first: the checkpoint check reads under it)."""
+    check_output_dir(cfg.output_dir)
+
+
+def target_config(cfg, f: Found):
+    """--target-model holds a loadable config.json of a supported, unquantized decoder."""
     from transformers import AutoConfig
 
-    summary = []
-    check_output_dir(args.output_dir)  # first: check_checkpoints reads under it
-    model_dir = Path(args.target_model)
+    f.model_dir = model_dir = Path(cfg.target_model)
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"--target-model {model_dir}: no config.json there (not a local model directory)",
                           "stage the model first and point --target-model at its directory")
     try:
-        tcfg = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        f.tcfg = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     except Exception as e:
         raise ConfigError(f"--target-model {model_dir}: config.json not loadable ({str(e).splitlines()[0]})",
                           f"use a transformers model directory of a supported architecture ({supported_targets_line()})"
                           ) from e
     try:
-        text = check_target_config(tcfg)
+        f.text = check_target_config(f.tcfg)
     except ValueError as e:
         raise ConfigError(str(e), "point --target-model at a Qwen3 or Qwen3.5/3.6/3.8 model directory") from e
-    method = quantization_of(tcfg)
-    if method:  # refused wherever this process would load the target (target.QUANTIZED_FIX says why)
-        from .evaluate import eval_wanted
+    method = quantization_of(f.tcfg)
+    # The target loads here unless vLLM serves it and nothing (evaluation, server check) loads it here too.
+    if method and (not cfg.target_servers or cfg.eval_num_prompts or cfg.eval_interval or cfg.server_check_every):
+        raise ConfigError(f"--target-model {model_dir} is a quantized checkpoint ({method}), which this run would "
+                          "load as its frozen target here (the trainer has no quantizer for it)", QUANTIZED_FIX)
+    for attr in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+        if not getattr(f.text, attr, None):
+            raise ConfigError(f"target model type {f.tcfg.model_type!r} has no {attr}",
+                              "use a decoder-only LM (Qwen3 first)")
 
-        if (not args.target_servers or args.server_check_every or eval_wanted(args, args.eval_num_prompts)
-                or (args.eval_interval and eval_wanted(args, args.eval_interval_prompts))):
-            raise ConfigError(f"--target-model {model_dir} is a quantized checkpoint ({method}), which this run "
-                              "would load as its frozen target here (the trainer has no quantizer for it)",
-                              QUANTIZED_FIX)
-    weights = target_weights(model_dir)
+
+def target_weights(cfg, f: Found):
+    """Weights are there, and the embedding and LM head have config.json's [vocab, hidden] shape."""
+    model_dir, text = f.model_dir, f.text
+    f.weights = weights = read_target_weights(model_dir)
     if weights is None and not _model_bytes(model_dir):
         raise ConfigError(f"--target-model {model_dir}: no *.safetensors or *.bin weights", "stage the weights too")
-    for attr in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
-        if not getattr(text, attr, None):
-            raise ConfigError(f"target model type {tcfg.model_type!r} has no {attr}", "use a decoder-only LM (Qwen3 first)")
-    h, n_layers, vocab = text.hidden_size, text.num_hidden_layers, text.vocab_size
-    if weights is not None:
+    if weights is not None:  # the tensors a replica loads (a wrapped checkpoint's language model only)
+        f.params = weights.params
         embed_name, head_name = frozen_io_names(weights.shapes)
         tied = bool(getattr(text, "tie_word_embeddings", False))
         for role, name in (("embedding", embed_name), ("LM head", head_name if not tied else embed_name)):
@@ -589,169 +620,223 @@ def preflight(args) -> StartFacts:
                 raise ConfigError(f"--target-model {model_dir}: no {role} tensor in the checkpoint "
                                   f"({'embed_tokens.weight' if role == 'embedding' else 'lm_head.weight'})",
                                   "stage the complete model")
-            if list(weights.shapes[name]) != [vocab, h]:
-                raise ConfigError(f"--target-model {model_dir}: {name} is {weights.shapes[name]}, not [{vocab}, {h}] "
-                                  "as config.json says", "stage the model whose config.json this is")
-    if args.target_layers:
+            if list(weights.shapes[name]) != [text.vocab_size, text.hidden_size]:
+                raise ConfigError(f"--target-model {model_dir}: {name} is {weights.shapes[name]}, not "
+                                  f"[{text.vocab_size}, {text.hidden_size}] as config.json says",
+                                  "stage the model whose config.json this is")
+    else:
+        stored_per_param = 2 if "16" in str(getattr(text, "dtype", None) or getattr(text, "torch_dtype", "")) else 4
+        f.params = _model_bytes(model_dir) / stored_per_param
+
+
+def target_layers(cfg, f: Found):
+    """--target-layers (or the default for the draft layers) are distinct decoder layers, in order."""
+    n_layers = f.text.num_hidden_layers
+    if cfg.target_layers:
         try:
-            layer_ids = [int(x) for x in str(args.target_layers).split(",") if x.strip()]
+            layer_ids = [int(x) for x in str(cfg.target_layers).split(",") if x.strip()]
         except ValueError as e:
-            raise ConfigError(f"--target-layers {args.target_layers!r} is not a list of integers", "e.g. 1,9,17,25,33") from e
+            raise ConfigError(f"--target-layers {cfg.target_layers!r} is not a list of integers",
+                              "e.g. 1,9,17,25,33") from e
     else:
         try:
-            layer_ids = default_target_layers(n_layers, args.num_draft_layers)
+            layer_ids = default_target_layers(n_layers, cfg.num_draft_layers)
         except ValueError as e:
-            raise ConfigError(f"--num-draft-layers {args.num_draft_layers}: {e}",
+            raise ConfigError(f"--num-draft-layers {cfg.num_draft_layers}: {e}",
                               "fewer --num-draft-layers, or --target-layers with distinct ascending ids") from e
     if not layer_ids or min(layer_ids) < 0 or max(layer_ids) >= n_layers:
         raise ConfigError(f"--target-layers {layer_ids} outside the target's decoder layers 0..{n_layers - 1}",
                           "use 0-based decoder-layer indices")
     problem = layer_ids_problem(layer_ids)
     if problem:
-        raise ConfigError(f"--target-layers {args.target_layers}: {problem}",
+        raise ConfigError(f"--target-layers {cfg.target_layers}: {problem}",
                           f"--target-layers {','.join(map(str, sorted(set(layer_ids))))} (each layer once, in order)")
-    mask_id = default_mask_token_id(vocab) if args.mask_token_id is None else args.mask_token_id
-    mask_note = check_mask_token(model_dir, mask_id, vocab)
+    f.layer_ids = layer_ids
+
+
+def target_summary(cfg, f: Found):
+    """The mask token is usable; the target, its features and its weights described."""
+    text, tcfg, weights = f.text, f.tcfg, f.weights
+    vocab = text.vocab_size
+    f.mask_id = default_mask_token_id(vocab) if cfg.mask_token_id is None else cfg.mask_token_id
+    mask_note = check_mask_token(f.model_dir, f.mask_id, vocab)
     kinds = getattr(text, "layer_types", None) or []
     stack = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds)) if kinds else "all full attention"
-    summary.append(f"target {model_dir} ({tcfg.model_type}" + (f", text {text.model_type}" if text is not tcfg else "")
-                   + f", {n_layers} layers: {stack}, hidden {h}, vocab {vocab}); features from decoder layers "
-                   f"{layer_ids} (output of layer i = HF hidden_states[i+1]); mask id {mask_id}: {mask_note}")
+    lines = [f"target {f.model_dir} ({tcfg.model_type}" + (f", text {text.model_type}" if text is not tcfg else "")
+             + f", {text.num_hidden_layers} layers: {stack}, hidden {text.hidden_size}, vocab {vocab}); features from "
+             f"decoder layers {f.layer_ids} (output of layer i = HF hidden_states[i+1]); mask id {f.mask_id}: {mask_note}"]
     if weights is not None:
         layout = ("multimodal wrapper: language model model.language_model.* + lm_head.* loaded, "
                   f"{weights.skipped} other tensor(s) (vision tower, MTP) never read") if weights.wrapped else \
             "language model at the top level"
         size = f"{weights.params / 1e9:.2f}B" if weights.params >= 1e8 else f"{weights.params / 1e6:.2f}M"
-        summary.append(f"weights: {size} params, {weights.nbytes / 2**30:.2f} GiB stored "
-                       f"({layout}); shard headers ok")
+        lines.append(f"weights: {size} params, {weights.nbytes / 2**30:.2f} GiB stored ({layout}); shard headers ok")
+    return lines
 
-    files, rows = check_schema(args.data_dir)
-    summary.append(f"data {args.data_dir}: {len(files)} Parquet file(s), {rows} rows, schema ok; "
-                   + check_data_values(files, vocab, max_seq_len=args.max_seq_len))
-    eval_prompts = args.eval_prompts
-    if eval_prompts and not Path(eval_prompts).is_file():
-        raise ConfigError(f"--eval-prompts {eval_prompts}: no such file (evaluation would be skipped silently)",
+
+def data(cfg, f: Found):
+    """The data's schema, token ids and supervised pairs; --eval-prompts exists."""
+    f.files, f.rows = check_schema(cfg.data_dir)
+    line = (f"data {cfg.data_dir}: {len(f.files)} Parquet file(s), {f.rows} rows, schema ok; "
+            + check_data_values(f.files, f.text.vocab_size, max_seq_len=cfg.max_seq_len))
+    if cfg.eval_prompts and not Path(cfg.eval_prompts).is_file():
+        raise ConfigError(f"--eval-prompts {cfg.eval_prompts}: no such file (evaluation would be skipped silently)",
                           "point it at a JSONL of {\"input_ids\": [...]} or drop it")
+    return line
 
-    drafter_devices = parse_devices(args.drafter_gpus, "--drafter-gpus")
-    servers = []
-    if args.target_servers:  # the target runs in vLLM: no target workers, no replica in this trainer
-        target_devices = []
-        servers = check_target_servers(args, layer_ids, n_layers, vocab, h, summary)
-        if args.server_check_every:
-            parse_devices(args.server_check_device, "--server-check-device")
-            summary.append(f"server check: every {args.server_check_every} micro-batch(es) one sequence against "
-                           f"the target loaded on {args.server_check_device} (tol {args.server_check_tol:g})")
+
+def devices(cfg, f: Found):
+    """Target and drafter devices (or vLLM servers, each asked once) exist and fit together."""
+    f.drafter_devices = parse_devices(cfg.drafter_gpus, "--drafter-gpus")
+    if cfg.target_servers:  # the target runs in vLLM: no target workers, no replica in this trainer
+        f.servers = check_target_servers(cfg, f.layer_ids, f.text.num_hidden_layers, f.text.vocab_size,
+                                         f.text.hidden_size, f.summary)
+        if cfg.server_check_every:
+            parse_devices(cfg.server_check_device, "--server-check-device")
+            f.summary.append(f"server check: every {cfg.server_check_every} micro-batch(es) one sequence against "
+                             f"the target loaded on {cfg.server_check_device} (tol {cfg.server_check_tol:g})")
     else:
-        if args.server_check_every:
-            raise ConfigError(f"--server-check-every {args.server_check_every} without --target-servers: there is "
+        if cfg.server_check_every:
+            raise ConfigError(f"--server-check-every {cfg.server_check_every} without --target-servers: there is "
                               "no server to check", "drop --server-check-every, or pass --target-servers")
-        target_devices = parse_devices(args.target_gpus, "--target-gpus")
-    check_devices(args, target_devices, drafter_devices)
-    cuda = [d for d in target_devices + drafter_devices if d != "cpu"]
+        f.target_devices = parse_devices(cfg.target_gpus, "--target-gpus")
+    check_devices(cfg, f.target_devices, f.drafter_devices)
+    cuda = [d for d in f.target_devices + f.drafter_devices if d != "cpu"]
     if cuda:
         have = torch.cuda.device_count()
         top = max(int(d.split(":")[1]) for d in cuda)
         if top >= have:
-            raise ConfigError(f"GPU {top} requested (--target-gpus {args.target_gpus} --drafter-gpus "
-                              f"{args.drafter_gpus}) but {have} CUDA device(s) are visible",
+            raise ConfigError(f"GPU {top} requested (--target-gpus {cfg.target_gpus} --drafter-gpus "
+                              f"{cfg.drafter_gpus}) but {have} CUDA device(s) are visible",
                               "request only visible GPUs, or `cpu` for both")
-    if weights is not None:  # the tensors a replica loads (a wrapped checkpoint's language model only)
-        params = weights.params
-    else:
-        stored_per_param = 2 if "16" in str(getattr(text, "dtype", None) or getattr(text, "torch_dtype", "")) else 4
-        params = _model_bytes(model_dir) / stored_per_param
-    replica = params * 2 * 1.1  # one target's weights in bf16, 10% over
-    world = args.nnodes * len(drafter_devices)
-    targets = (f"{len(servers)} vLLM target server(s) of --server-gpus {args.server_gpus} GPU(s) each (the target's "
-               f"weights ~{replica / args.server_gpus / 2**30:.2f} GiB in bf16 per server GPU, before vLLM's KV cache)"
-               if servers else
-               f"{len(target_devices)} target worker(s) on {','.join(target_devices)}")
-    summary.append(f"topology: {targets}; "
-                   f"{len(drafter_devices)} drafter rank(s) on {','.join(drafter_devices)} per node; "
-                   f"{args.nnodes} node(s), {world} drafter rank(s) in all; "
-                   f"{args.grad_accum * world} micro-batches per optimizer step")
-    summary.append(nccl_transport(args.nnodes, drafter_devices))
 
-    linear = "" if servers or args.target_servers else \
-        check_linear_attention(text, target_devices, args.allow_slow_linear_attention)
-    if linear:
-        summary.append(linear)
-    dcfg = drafter_config(args, tcfg, layer_ids, mask_id)
+
+def topology(cfg, f: Found):
+    """Who runs where: target workers or servers, drafter ranks, nodes, and NCCL's transport."""
+    f.world = cfg.nnodes * len(f.drafter_devices)
+    targets = (f"{len(f.servers)} vLLM target server(s) of --server-gpus {cfg.server_gpus} GPU(s) each (the target's "
+               f"weights ~{f.replica / cfg.server_gpus / 2**30:.2f} GiB in bf16 per server GPU, before vLLM's KV cache)"
+               if f.servers else
+               f"{len(f.target_devices)} target worker(s) on {','.join(f.target_devices)}")
+    return [f"topology: {targets}; {len(f.drafter_devices)} drafter rank(s) on {','.join(f.drafter_devices)} per "
+            f"node; {cfg.nnodes} node(s), {f.world} drafter rank(s) in all; {cfg.grad_accum * f.world} micro-batches "
+            "per optimizer step", nccl_transport(cfg.nnodes, f.drafter_devices)]
+
+
+def linear_attention(cfg, f: Found):
+    """A hybrid target's linear-attention layers have their fast kernels (or the slow path is allowed)."""
+    if f.servers or cfg.target_servers:
+        return None
+    return check_linear_attention(f.text, f.target_devices, cfg.allow_slow_linear_attention) or None
+
+
+def drafter(cfg, f: Found):
+    """The drafter this run builds is consistent (layer types, window, heads, DFlash 2's shape)."""
+    f.dcfg = dcfg = drafter_config(cfg, f.tcfg, f.layer_ids, f.mask_id)
     kinds = ", ".join(f"{dcfg.layer_types.count(k)} {k}" for k in dict.fromkeys(dcfg.layer_types))
-    summary.append(f"drafter: {dcfg.num_hidden_layers} layers ({kinds}" + (f", window {dcfg.sliding_window}"
-                   if dcfg.sliding_window else "") + f"), hidden {dcfg.hidden_size}, {dcfg.num_attention_heads}/"
-                   f"{dcfg.num_key_value_heads} heads of {dcfg.head_dim}, MLP {dcfg.intermediate_size}, block "
-                   f"{dcfg.block_size}, rope theta {dcfg.rope_theta:g}" + (
-                       f"; DFlash 2: convolutions of {dcfg.conv_kernel_size} taps, groups of {dcfg.conv_group_size} "
-                       f"channels; selector rank {dcfg.selector_rank}, top-{dcfg.selector_top_k}"
-                       if dcfg.drafter_kind == "dflash2" else ""))
-    if args.init_from:
-        from .export import check_init_from
+    return (f"drafter: {dcfg.num_hidden_layers} layers ({kinds}" + (f", window {dcfg.sliding_window}"
+            if dcfg.sliding_window else "") + f"), hidden {dcfg.hidden_size}, {dcfg.num_attention_heads}/"
+            f"{dcfg.num_key_value_heads} heads of {dcfg.head_dim}, MLP {dcfg.intermediate_size}, block "
+            f"{dcfg.block_size}, rope theta {dcfg.rope_theta:g}")
 
-        check_init_from(args.init_from, dcfg)
-        summary.append(f"init from {args.init_from}: the same drafter (config and tensor shapes match)")
-    lines, found = check_checkpoints(args, dcfg, world)
-    summary += lines
 
-    # Memory: target replicas in their compute dtype, drafter params + grads + AdamW state in fp32.
-    drafter_params = dcfg.num_params()
+def init_from(cfg, f: Found):
+    """--init-from holds this run's drafter (config and tensor shapes)."""
+    if not cfg.init_from:
+        return None
+    from .export import check_init_from
+
+    check_init_from(cfg.init_from, f.dcfg)
+    return f"init from {cfg.init_from}: the same drafter (config and tensor shapes match)"
+
+
+def checkpoints(cfg, f: Found):
+    """What the run resumes from, verified in full (check_checkpoints)."""
+    lines, f.checkpoints = check_checkpoints(cfg, f.dcfg, f.world)
+    return lines
+
+
+def memory(cfg, f: Found):
+    """Target replicas, the drafter and its optimizer state fit each device (activations not counted)."""
+    drafter_params = f.dcfg.num_params()
     # With --drafter-serves-target every drafter device holds a replica too.
-    replica_devices = target_devices + (drafter_devices if args.drafter_serves_target else [])
+    replica_devices = f.target_devices + (f.drafter_devices if cfg.drafter_serves_target else [])
     for d in dict.fromkeys(d for d in replica_devices if d != "cpu"):
         total = torch.cuda.get_device_properties(int(d.split(":")[1])).total_memory
-        if replica > total:
-            raise ConfigError(f"one target replica needs about {replica / 2**30:.1f} GiB in bf16 but {d} has "
+        if f.replica > total:
+            raise ConfigError(f"one target replica needs about {f.replica / 2**30:.1f} GiB in bf16 but {d} has "
                               f"{total / 2**30:.1f} GiB in all: a target that does not fit one GPU runs in "
                               "vLLM, with its tensor parallelism",
                               "serve the target with vLLM and pass --target-servers (docs/trainer.md, \"The target "
                               "in vLLM\"), or use GPUs with more memory")
-    for d, b in memory_need(params, drafter_params, replica_devices, drafter_devices).items():
+    for d, b in memory_need(f.params, drafter_params, replica_devices, f.drafter_devices).items():
         free = _mem_available_bytes() if d == "cpu" else torch.cuda.mem_get_info(int(d.split(":")[1]))[0]
         if b > free:
-            serving = " or drop --drafter-serves-target" if args.drafter_serves_target and d in drafter_devices else ""
+            serving = " or drop --drafter-serves-target" if cfg.drafter_serves_target and d in f.drafter_devices else ""
             raise ConfigError(f"{d} needs about {b / 2**30:.1f} GiB for weights and optimizer state but "
                               f"{free / 2**30:.1f} GiB is free", f"use more/larger GPUs or fewer draft layers{serving}")
-    summary.append(f"memory estimate: target {params / 1e6:.1f}M params, drafter ~{drafter_params / 1e6:.1f}M "
-                   "trainable; fits free memory (activations not counted)")
-    # With servers, the final and the interval evaluations borrow a replica (trainer.Trainer.evaluate)
-    evals = [f"--eval-num-prompts {args.eval_num_prompts}"] if args.eval_num_prompts > 0 else []
-    evals += [f"--eval-interval {args.eval_interval}"] if args.eval_interval > 0 else []
-    if args.target_servers and evals:
-        for d in dict.fromkeys(d for d in drafter_devices if d != "cpu"):
-            total = torch.cuda.get_device_properties(int(d.split(":")[1])).total_memory
-            if replica + drafter_params * 16 > total:
-                raise ConfigError(f"{' and '.join(evals)} with --target-servers: the evaluations "
-                                  f"would load the whole target (~{replica / 2**30:.1f} GiB in bf16) beside "
-                                  f"the drafter on {d} ({total / 2**30:.1f} GiB)",
-                                  "pass --eval-num-prompts 0 --eval-interval 0 and measure tau by serving the "
-                                  "export with vLLM (docs/export.md)")
+    return (f"memory estimate: target {f.params / 1e6:.1f}M params, drafter ~{drafter_params / 1e6:.1f}M "
+            "trainable; fits free memory (activations not counted)")
 
-    settings = wandb_compat.parse_settings(args.wandb_settings)
-    summary.append(wandb_compat.check(args.wandb_project, args.wandb_run_name, settings))
-    creds = check_wandb_credentials(args.wandb_project, settings)
-    if creds:
-        summary.append(creds)
+
+def evaluation_memory(cfg, f: Found):
+    """With vLLM servers, an evaluation borrows a whole replica beside the drafter: it must fit."""
+    evals = [f"--eval-num-prompts {cfg.eval_num_prompts}"] if cfg.eval_num_prompts > 0 else []
+    evals += [f"--eval-interval {cfg.eval_interval}"] if cfg.eval_interval > 0 else []
+    if not (cfg.target_servers and evals):
+        return None
+    for d in dict.fromkeys(d for d in f.drafter_devices if d != "cpu"):
+        total = torch.cuda.get_device_properties(int(d.split(":")[1])).total_memory
+        if f.replica + f.dcfg.num_params() * 16 > total:
+            raise ConfigError(f"{' and '.join(evals)} with --target-servers: the evaluations "
+                              f"would load the whole target (~{f.replica / 2**30:.1f} GiB in bf16) beside "
+                              f"the drafter on {d} ({total / 2**30:.1f} GiB)",
+                              "pass --eval-num-prompts 0 --eval-interval 0 and measure tau by serving the "
+                              "export with vLLM (docs/export.md)")
+
+
+def wandb(cfg, f: Found):
+    """wandb's settings parse and its credentials are there (unless offline or disabled)."""
+    f.wandb_settings = wandb_compat.parse_settings(cfg.wandb_settings)
+    lines = [wandb_compat.check(cfg.wandb_project, cfg.wandb_run_name, f.wandb_settings)]
+    creds = check_wandb_credentials(cfg.wandb_project, f.wandb_settings)
+    return lines + ([creds] if creds else [])
+
+
+def loss(cfg, f: Found):
+    """The loss implementation exists where the drafter runs (and --teacher-fp8's needs)."""
     try:
-        get_loss_fn(args.loss_impl)
+        get_loss_fn(cfg.loss_impl)
     except ImportError as e:
         raise ConfigError(f"--loss-impl triton but Triton is not importable ({e})",
                           "install the venv from its lock (triton is pinned there) or use --loss-impl auto") from e
-    if args.loss_impl == "triton" and "cpu" in drafter_devices:
+    if cfg.loss_impl == "triton" and "cpu" in f.drafter_devices:
         raise ConfigError("--loss-impl triton on a CPU drafter: the Triton kernel runs on CUDA only",
                           "use --loss-impl auto (the kernel on CUDA, its torch reference on CPU) or torch")
-    fp8 = preflight_teacher_fp8(args, vocab, h, drafter_devices)
-    if fp8:
-        summary.append(fp8)
-    attn = args.attn_impl
-    if attn == "flex" and "cpu" in drafter_devices:
+    return preflight_teacher_fp8(cfg, f.text.vocab_size, f.text.hidden_size, f.drafter_devices)
+
+
+def attention(cfg, f: Found):
+    """--attn-impl runs on the drafter's device."""
+    attn = cfg.attn_impl
+    if attn == "flex" and "cpu" in f.drafter_devices:
         raise ConfigError("--attn-impl flex on a CPU drafter: torch's flex_attention has no backward on CPU",
                           "use --attn-impl auto or dense with --drafter-gpus cpu")
     if attn == "flex" and not flex_available():
         raise ConfigError(f"--attn-impl flex but torch {torch.__version__} has no flex_attention",
                           "use --attn-impl auto or dense, or a torch with torch.nn.attention.flex_attention")
-    summary.append(f"drafter attention: {resolve_attn_impl(attn, drafter_devices[0])} (--attn-impl {attn})")
-    return StartFacts(target_config=tcfg, layer_ids=layer_ids, mask_token_id=mask_id, target_devices=target_devices,
-                drafter_devices=drafter_devices, data_files=files, data_rows=rows, wandb_settings=settings,
-                summary=summary, drafter_config=dcfg, vocab_size=vocab, checkpoints=found, servers=servers,
-                num_target_layers=n_layers)
+    return f"drafter attention: {resolve_attn_impl(attn, f.drafter_devices[0])} (--attn-impl {attn})"
+
+
+# In order: each may read what the ones before it found. docs/trainer.md lists them (a test checks).
+CHECKS = (output_dir, target_config, target_weights, target_layers, target_summary, data, devices, topology,
+          linear_attention, drafter, init_from, checkpoints, memory, evaluation_memory, wandb, loss, attention)
+
+
+def preflight(cfg) -> StartFacts:
+    """Run CHECKS in order on the parsed configuration. Raises ConfigError at the first refusal."""
+    f = Found()
+    for check in CHECKS:
+        out = check(cfg, f)
+        f.summary += [out] if isinstance(out, str) else list(out or [])
+    return f.start_facts()

@@ -21,7 +21,7 @@ import importlib
 
 from ansible.errors import AnsibleFilterError
 
-MODULES = ("checkpoint", "files", "layout", "locks", "messages", "metrics", "safetensors", "status")
+MODULES = ("checkpoint", "files", "layout", "locks", "messages", "metrics", "quarantine", "safetensors", "status")
 _PLAIN = (str, int, float, bool, type(None))
 
 

@@ -5,8 +5,8 @@ transformers binds `causal_conv1d_fn` in its Qwen3.5/3.6 modeling modules to the
 package when that imports, else to torch's grouped conv1d. causal-conv1d is not in the CUDA lock
 (PyPI has only its source, which compiles CUDA at install), so the torch path ran: a strided copy
 of the transposed projection, a generic depthwise kernel (6.6% of the 27B target's GPU time on one
-H200, the copy most of another 8.7%), a SiLU pass (docs/benchmarks.md, "The hybrid target's short
-convolution").
+H200, the copy most of another 8.7%), a SiLU pass; this kernel made the target 1.10x faster
+(docs/benchmarks.md, "The target").
 flash-linear-attention, in the lock for the gated delta rule, has the same operation as one Triton
 kernel on the [B, T, C] layout the input projection already has.
 

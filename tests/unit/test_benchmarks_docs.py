@@ -219,3 +219,18 @@ def test_the_journal_is_history_that_only_the_manual_mentions():
     tracked = subprocess.run(["git", "grep", "-l", "--untracked", "benchmarks-journal", "--", ".", ":!tests/unit/test_benchmarks_docs.py"],
                              cwd=ROOT, capture_output=True, text=True).stdout.split()
     assert tracked in ([], ["docs/benchmarks.md"]), f"only the manual mentions the journal: {tracked}"
+
+
+def test_a_section_of_the_manual_named_elsewhere_exists():
+    """`docs/benchmarks.md, "Area"` in the docs and the code names a section the manual has."""
+    titles = [" ".join(t.split()) for t in sections(MANUAL.read_text())]
+    files = subprocess.run(["git", "grep", "-l", "benchmarks.md", "--", "*.md", "*.py", "*.yml", "*.sh"],
+                           cwd=ROOT, capture_output=True, text=True).stdout.split()
+    for name in files:
+        if name in ("docs/benchmarks-journal.md", "tests/unit/test_benchmarks_docs.py"):
+            continue
+        text = (ROOT / name).read_text()
+        for m in re.finditer(r"benchmarks\.md(?:'s)?[^)]{0,160}?\)", text, re.S):
+            for quoted in re.findall(r'"([^"]+)"', m.group(0)):
+                quoted = " ".join(quoted.split())
+                assert any(t.startswith(quoted) for t in titles), f"{name} names a section the manual lacks: {quoted!r}"

@@ -171,7 +171,7 @@ def test_a_serving_drafter_device_is_counted_a_replica_in_the_memory_check():
 
 
 def test_the_planner_counts_what_a_serving_drafter_adds():
-    """The incident's rates (docs/benchmarks.md): every split of 8 is target-bound; with the drafter
+    """The incident's rates as measured on one H200 on 2026-12-01: every split of 8 is target-bound; with the drafter
     GPU serving too, its time divides between training x rows and serving x - r of them."""
     rt, rd, rpt = 9103.0, 26629.0, 0.125
     table = best_split(8, rt, rd, rpt)
@@ -356,7 +356,7 @@ def test_rendezvous_needs_an_endpoint(trainer_argv, capsys):
 
 
 def test_a_target_bound_split_says_how_many_more_anchors_its_drafters_could_train():
-    """The incident's 27B rates on one H200 (docs/benchmarks.md): 7 + 1 is target-bound, its one
+    """The incident's 27B rates in the trainer on one H200 (2026-12-02): 7 + 1 is target-bound, its one
     drafter could train 21,588 / (7 x 11,504 x 0.125) = 2.1x the rows per target token."""
     seven = best_split(8, 11504.0, 21588.0, 0.125)[6]
     assert anchor_headroom(seven) == pytest.approx(21588 / (7 * 11504 * 0.125))

@@ -44,25 +44,43 @@ def block_size_problem(drafter, num_speculative_tokens) -> str | None:
             f"(fix: pass --num-speculative-tokens {b - 1}, or leave it out)")
 
 
-def serve(target, drafter, prompts, max_new_tokens, dtype="float32", max_model_len=256) -> dict:
-    import vllm
-    from vllm import LLM, SamplingParams
+def engine(target, drafter, dtype="float32", max_model_len=256):
+    """vLLM's offline engine: the target, with DRAFTER as its DFlash drafter."""
+    from vllm import LLM
 
     block_size = json.loads((Path(drafter) / "config.json").read_text())["block_size"]
-    llm = LLM(model=str(target), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
-              skip_tokenizer_init=True, disable_log_stats=False, seed=0,
-              speculative_config={"method": "dflash", "model": str(drafter),
-                                  "num_speculative_tokens": block_size - 1})
-    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True, detokenize=False)
-    results = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+    return LLM(model=str(target), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
+               skip_tokenizer_init=True, disable_log_stats=False, seed=0,
+               speculative_config={"method": "dflash", "model": str(drafter),
+                                   "num_speculative_tokens": block_size - 1})
+
+
+def _counts(llm) -> dict:
     counts = dict.fromkeys(COUNTERS, 0)
     for metric in llm.get_metrics():
         for key, name in COUNTERS.items():
             if metric.name == name:
                 counts[key] += int(metric.value)
+    return counts
+
+
+def measure(llm, prompts, max_new_tokens) -> dict:
+    """Greedy generation on `prompts`; the counters are this call's own (vLLM's are cumulative)."""
+    import vllm
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True, detokenize=False)
+    before = _counts(llm)
+    results = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+    counts = {k: v - before[k] for k, v in _counts(llm).items()}
     tau = 1 + counts["accepted"] / counts["drafts"] if counts["drafts"] else None
+    block_size = llm.llm_engine.vllm_config.speculative_config.num_speculative_tokens + 1
     return {"tau": tau, **counts, "block_size": block_size, "vllm_version": vllm.__version__,
             "outputs": [list(r.outputs[0].token_ids) for r in results]}
+
+
+def serve(target, drafter, prompts, max_new_tokens, dtype="float32", max_model_len=256) -> dict:
+    return measure(engine(target, drafter, dtype, max_model_len), prompts, max_new_tokens)
 
 
 def main(argv=None) -> int:

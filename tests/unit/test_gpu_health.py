@@ -273,3 +273,9 @@ def test_a_bad_setting_is_refused_naming_it():
 def test_the_recorded_probe_is_what_the_probe_prints():
     got = json.loads((FIX / "probe.json").read_text())
     assert {"gpus", "allreduce"} <= set(got) and {"uuid", "tflops"} <= set(got["gpus"][0])
+
+
+def test_the_docs_table_is_the_settings_table():
+    text = (ROOT / "docs/gpu-health.md").read_text()
+    for s in settings.SETTINGS:
+        assert f"| `{s.name}` | `{s.default}` | {s.meaning} | {s.source} |" in text, f"docs/gpu-health.md: {s.name}"

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from flashfleet_trainer.attention import flex_layouts, resolve_attn_impl
 from flashfleet_trainer.data import build_blocks, sample_anchors
+from flashfleet_trainer.dflash2 import selector_loss
 from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig, drafter_hidden, gather_rows
 from flashfleet_trainer.loss import drafter_loss, get_loss_fn
 from flashfleet_trainer.optim import adamw, clipped_step
@@ -76,20 +77,21 @@ def step_flops(cfg: DrafterConfig, blocks, vocab: int) -> dict:
     return {key: v / 1e12 for key, v in out.items()}
 
 
-def drafter_config(shape: str, vocab: int, layers: int, block_size: int) -> DrafterConfig:
-    """The drafter of a published target's shape (random weights: only the widths matter here)."""
+def drafter_config(shape: str, vocab: int, layers: int, block_size: int, kind: str = "dflash") -> DrafterConfig:
+    """The drafter of a published target's shape (random weights: only the widths matter here);
+    `kind` dflash2: with DFlash 2's convolutions and selector at their default settings."""
     widths = dict(SHAPES[shape])
     tcfg = SimpleNamespace(vocab_size=vocab, rms_norm_eps=1e-6, rope_parameters={"rope_theta": 1e6}, **widths)
     return DrafterConfig.from_target(tcfg, num_draft_layers=layers,
                                      target_layer_ids=default_target_layers(widths["num_hidden_layers"], layers),
-                                     block_size=block_size, mask_token_id=vocab - 1)
+                                     block_size=block_size, mask_token_id=vocab - 1, drafter_kind=kind)
 
 
 class Bench:
     def __init__(self, a):
         self.a = a
         self.dev = "cuda" if torch.cuda.is_available() else "cpu"
-        self.cfg = drafter_config(a.shape, a.vocab, a.layers, a.block_size)
+        self.cfg = drafter_config(a.shape, a.vocab, a.layers, a.block_size, a.drafter_kind)
         layers = self.cfg.target_layer_ids
         torch.manual_seed(0)
         self.drafter = DFlashDrafter(self.cfg).to(self.dev)
@@ -145,6 +147,11 @@ class Bench:
                 loss, st = drafter_loss(student, teacher, self.head, blocks.labels.to(self.dev, **nb),
                                         loss_fn=self.loss_fn, weighting=a.weighting, use_soft_labels=True,
                                         kl_temperature=1.0, kl_weight=0.5, host_stats=False)
+            if self.drafter.selector is not None:  # DFlash 2's term, as Trainer.micro_batch adds it
+                with region("selector_loss"):
+                    sel, _ = selector_loss(self.drafter.selector, student[:, 1:], self.head, st["labels"],
+                                           blocks.predecessors[:, 1:].to(self.dev, **nb), st["weights"][:, 1:])
+                    loss = loss + sel
         with region("backward"):
             loss.backward()
         span.stop()  # no wait here, as in the trainer: the optimizer's launches queue behind the backward
@@ -377,6 +384,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
     p.add_argument("--layers", type=int, default=5, help="draft layers")
+    p.add_argument("--drafter-kind", choices=("dflash", "dflash2"), default="dflash")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--seqs", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=4096)

@@ -1,7 +1,6 @@
 """RunConfig is the one definition of dflash-train's settings: every bound, type and choice a field
 declares is enforced from it, on the command line and in --config alike, and nothing else decides."""
 
-import dataclasses
 import json
 
 import pytest
@@ -74,7 +73,9 @@ def test_parser_is_generated_from_the_fields():
 
 def test_defaults_are_the_dataclass_defaults():
     a = parse_args(BASE)
-    assert dataclasses.asdict(config.RunConfig(**vars(a))) == vars(a)
+    assert config.RunConfig.from_flat(vars(a)).to_flat() == vars(a)
+    assert {k: v for k, v in vars(a).items() if k not in ("target_model", "data_dir", "output_dir")} == {
+        name: f.default for name, f in config.FIELDS.items() if name not in ("target_model", "data_dir", "output_dir")}
 
 
 @pytest.mark.parametrize("key, near", [("lerning_rate", None), ("use_soft_label", "use_soft_labels"),

@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from flashfleet.plan.defaults import THINKING_SWITCH  # noqa: F401 (its owner; readers import it from here too)
+
 from .errors import ConfigError
 
 THINKING = ("keep", "strip")
@@ -29,8 +31,8 @@ THINKING = ("keep", "strip")
 # ignore it. Default on: the published evaluations of the Qwen3.5/3.6/3.8 drafters run with
 # thinking (z-lab's benchmark commands pass `--reasoning`/`--enable-thinking`; `dflash` 0.1.0's
 # benchmark.py passes nothing by default, which those templates read as on). z-lab's Qwen3-4B/8B
-# drafters are non-thinking: their published tau is with it off.
-THINKING_SWITCH = ("on", "off")
+# drafters are non-thinking: their published tau is with it off. Its values, THINKING_SWITCH, are
+# flashfleet.plan.defaults' (the run's settings take their choices from there).
 
 
 def thinking_kwargs(on: bool) -> dict:

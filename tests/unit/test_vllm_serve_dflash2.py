@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 import torch
-from flashfleet_trainer import export
+from flashfleet_trainer import export, vllm_serve_check
 from flashfleet_trainer.cli import main as train_main
 from flashfleet_trainer.drafter import DFlashDrafter, DrafterConfig
 from flashfleet_trainer.evaluate import load_exported_drafter, load_prompts, speculative_tau
@@ -27,7 +27,6 @@ from flashfleet_trainer.target import HiddenStateProducer
 from tests.unit.test_export import _zlab
 from tests.vllm_server import ROOT, VLLM_PYTHON, need_vllm
 
-pytestmark = pytest.mark.slow
 MAX_NEW = 16
 PROMPTS = 4
 BLOCK = 4
@@ -121,6 +120,7 @@ def _vllm(tiny, drafter_dirs, dflash_dir, prompts, tmp_path):
     return json.loads(out2.read_text()), json.loads(out1.read_text())
 
 
+@pytest.mark.slow
 def test_vllm_serves_dflash2_exports_as_the_evaluator_measured_them(drafters, tmp_path):
     torch.set_num_threads(1)
     tiny, trained, untrained, identity, dflash = drafters
@@ -147,6 +147,7 @@ def test_vllm_serves_dflash2_exports_as_the_evaluator_measured_them(drafters, tm
     assert served_id["tau"] != served["tau"]  # and not what the trained modules give
 
 
+@pytest.mark.slow
 def test_zlab_dflash2_loads_the_export_and_generates_the_targets_output(drafters, monkeypatch):
     """z-lab's DFlash2DraftModel (dflash 0.1.0) reads the trained export (its convolutions, its
     selector) and its greedy speculative loop against the target in transformers gives the
@@ -178,3 +179,51 @@ def test_zlab_dflash2_loads_the_export_and_generates_the_targets_output(drafters
                 break
             full, start = full + 1, start + produced
         assert full >= 2 and st.acceptance_lengths[:full] == ours["committed"][:full]
+
+
+def test_the_serve_check_says_dflash2_needs_vllms_gpu_build(tmp_path):
+    """vllm_serve_check (vLLM's venv, importing nothing of flashfleet) refuses a DFlash 2 drafter on
+    vLLM's CPU build in one line, and nothing else: a DFlash drafter, or DFlash 2 on the GPU build."""
+    assert vllm_serve_check.DFLASH2 == export.ARCHITECTURES["dflash2"]
+    for kind in ("dflash", "dflash2"):
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "config.json").write_text(json.dumps({"architectures": [export.ARCHITECTURES[kind]],
+                                                                 "block_size": BLOCK}))
+    line = vllm_serve_check.build_problem(tmp_path / "dflash2", on_cpu=True)
+    assert "DFlash 2 needs vLLM's GPU build on the host" in line and "CPU build, which refuses" in line
+    assert "(fix: " in line and "serve_check=true" in line
+    assert vllm_serve_check.build_problem(tmp_path / "dflash2", on_cpu=False) is None
+    assert vllm_serve_check.build_problem(tmp_path / "dflash", on_cpu=True) is None
+
+
+@pytest.mark.slow
+def test_collect_serve_check_says_dflash2_needs_vllms_gpu_build(drafters, tmp_path, run_playbook):
+    """collect.yml -e export=true -e serve_check=true for a DFlash 2 run on a host whose vLLM is
+    the CPU build (this machine, local connection): the play fails with the one line, before
+    dflash-eval measures anything and before vLLM loads a model."""
+    import getpass
+    import shutil
+    import sys
+
+    tiny, trained, *_ = drafters
+    run = "trained"
+    host_root, config_root, home = tmp_path / "host", tmp_path / "etc", tmp_path / "runs"
+    shutil.copytree(trained.parent / run, host_root / run)
+    config_root.mkdir()
+    (config_root / f"{run}.json").write_text(json.dumps({"target_model": str(tiny / "model"),
+                                                         "data_dir": str(tiny / "data")}))
+    inv = tmp_path / "hosts.json"
+    inv.write_text(json.dumps({"all": {"vars": {"flashfleet_runs": {run: {}}}, "children": {"gpu_nodes": {"hosts": {
+        "here": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
+    r = run_playbook(ROOT / "collect.yml", inv, run=run, export=True, serve_check=True, flashfleet_runs_dir=str(home),
+                     flashfleet_runs_root=str(host_root), flashfleet_config_root=str(config_root),
+                     flashfleet_venv=sys.prefix, flashfleet_vllm_venv=str(VLLM_PYTHON.parent.parent),
+                     run_collect_export_user=getpass.getuser(), run_collect_use_rsync="false",
+                     run_collect_serve_check_env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    out = r.stdout.read()
+    assert r.rc != 0
+    assert "serve_check on here: flashfleet-train: config error: " in out, out[-3000:]
+    assert "DFlash 2 needs vLLM's GPU build on the host" in out
+    assert (home / run / "drafter" / "config.json").is_file()  # the export itself came home
+    assert not (host_root / run / "serve-check" / "prompts.json").exists()  # dflash-eval never ran
+    assert not (home / run / "serve_check.json").exists()

@@ -7,6 +7,7 @@ with `dflash-eval --drafter` on the same prompts (tests/unit/test_vllm_serve_dra
 
     python -m flashfleet_trainer.vllm_serve_check TARGET_DIR DRAFTER_DIR PROMPTS.json OUT.json \\
         [--max-new-tokens 16] [--dtype float32] [--max-model-len 256]
+    python -m flashfleet_trainer.vllm_serve_check TARGET_DIR DRAFTER_DIR --check   # only: can this vLLM serve it
 
 PROMPTS.json: a JSON list of prompts, each a list of token ids. Writes one JSON object to OUT.json
 (vLLM logs on stdout): `tau`
@@ -42,6 +43,28 @@ def block_size_problem(drafter, num_speculative_tokens) -> str | None:
            else "this check measures the drafter at its trained block")
     return (f"--num-speculative-tokens {num_speculative_tokens} for a drafter of block size {b}: {why} "
             f"(fix: pass --num-speculative-tokens {b - 1}, or leave it out)")
+
+
+DFLASH2 = "DFlash2DraftModel"  # export.ARCHITECTURES["dflash2"]
+
+
+def build_problem(drafter, on_cpu=None) -> str | None:
+    """Why this vLLM cannot serve DRAFTER, or None. vLLM's CPU build loads a DFlash 2 drafter and
+    then refuses to start it: its CPU model runner does not draft with the candidate selector (it
+    would draft as plain DFlash), and its other runner needs Triton's GPU backend (docs/export.md).
+    on_cpu: whether this vLLM is its CPU build (None: ask vLLM)."""
+    raw = json.loads((Path(drafter) / "config.json").read_text())
+    if DFLASH2 not in (raw.get("architectures") or []):
+        return None
+    if on_cpu is None:
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+    if not on_cpu:
+        return None
+    return (f"{drafter} is a DFlash 2 drafter ({DFLASH2}), and DFlash 2 needs vLLM's GPU build on the host: "
+            "this vLLM is its CPU build, which refuses DFlash 2 drafters (fix: run the serve check on a host "
+            "with vLLM's GPU build, or drop -e serve_check=true)")
 
 
 def engine(target, drafter, dtype="float32", max_model_len=256):
@@ -87,18 +110,24 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("target")
     p.add_argument("drafter")
-    p.add_argument("prompts", help="a JSON list of token id lists")
-    p.add_argument("out", help="where to write the result (JSON)")
+    p.add_argument("prompts", nargs="?", help="a JSON list of token id lists")
+    p.add_argument("out", nargs="?", help="where to write the result (JSON)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=256)
     p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="N", help="refused unless the "
                    "drafter's block size - 1 (the default), what the engine is started with")
+    p.add_argument("--check", action="store_true", help="only check that this vLLM serves DRAFTER (no engine, "
+                   "no PROMPTS or OUT): exit 0, or 78 with one line")
     a = p.parse_args(argv)
-    problem = block_size_problem(a.drafter, a.num_speculative_tokens)
+    if not a.check and a.out is None:
+        p.error("PROMPTS and OUT are required unless --check")
+    problem = block_size_problem(a.drafter, a.num_speculative_tokens) or build_problem(a.drafter)
     if problem:
         print(f"flashfleet-train: config error: {problem}", file=sys.stderr)
         return EX_CONFIG
+    if a.check:
+        return 0
     prompts = json.loads(Path(a.prompts).read_text())
     result = serve(a.target, a.drafter, prompts, a.max_new_tokens, a.dtype, a.max_model_len)
     Path(a.out).write_text(json.dumps(result) + "\n")

@@ -19,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-LANE1=(lint pytest "molecule vllm" "molecule staging")
+LANE1=(lint pytest "molecule vllm" "molecule staging" "molecule lxc")
 LANE2=("molecule kernel" "molecule driver" "molecule faults" "molecule cluster" "molecule launch"
        "molecule cuda")
 

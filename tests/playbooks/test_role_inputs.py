@@ -41,6 +41,15 @@ def _play(tmp_path, role: str, tasks_from: str = "main") -> tuple:
     ("build_toolchain", {"build_toolchain_packages": {"gcc": 1}}, "build_toolchain_packages"),
     ("local_node", {"local_node_containers": [{"name": "a", "ssh_port": 22}]}, "ssh ports >= 1024"),
     ("local_node", {"local_node_containers": [{"name": "a"}]}, "ssh_port"),
+    ("proxmox_lxc_gpu", {"proxmox_lxc_gpu_guests": [{"name": "ct200", "ctid": "x", "gpus": [0]}]},
+     'ct200: flashfleet_lxc_ctid "x" is not a container id'),
+    ("proxmox_lxc_gpu", {"proxmox_lxc_gpu_guests": [{"name": "ct200", "ctid": 200, "gpus": [0, 5]}],
+                         "proxmox_lxc_gpu_host_gpus": 2}, "flashfleet_lxc_gpus 0,5 names a GPU this host does not have"),
+    ("proxmox_lxc_gpu", {"proxmox_lxc_gpu_guests": [{"name": "ct200", "ctid": 200, "gpus": []},
+                                                    {"name": "ct201", "ctid": 200, "gpus": []}]},
+     "ct201: CT 200 is also another guest's id"),
+    ("proxmox_lxc_gpu", {"proxmox_lxc_gpu_guests": [{"name": "ct200", "ctid": 200, "gpus": []}]},
+     "no `pct`: it is not a Proxmox VE host"),
 ])
 def test_bad_input_fails_early_and_names_the_problem(tmp_path, run_playbook, role, extravars, needle):
     playbook, inventory = _play(tmp_path, role)
@@ -187,6 +196,7 @@ def test_provision_preflight_checks_every_role_with_checksums_given(run_playbook
     assert r.rc == 0, "\n".join(failure_messages(r))
     tasks = [ev["event_data"] for ev in r.events if ev.get("event", "").startswith("runner_on_")]
     checked = {(t["host"], t["role"]) for t in tasks if t.get("role") and t["task"].startswith(("Check", "Fail"))}
-    assert {("pve1", "kernel"), ("pve1", "nvidia_driver"), ("ct200", "nvidia_driver"), ("ct200", "cuda_toolkit"),
+    assert {("pve1", "kernel"), ("pve1", "nvidia_driver"), ("pve1", "proxmox_lxc_gpu"), ("ct200", "nvidia_driver"),
+            ("ct200", "cuda_toolkit"),
             ("ct200", "python_env"), ("ct200", "dataset"), ("ada1", "python_env")} <= checked, checked
     assert [t for t in tasks if t.get("res", {}).get("changed")] == []

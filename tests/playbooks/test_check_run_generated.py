@@ -8,20 +8,15 @@ bulk of the generated cases run on the filter alone: tests/unit/test_controller_
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 
+import flashfleet.plan.entry as entries
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, failure_messages
-
-_spec = importlib.util.spec_from_file_location("flashfleet_run_entries",
-                                               ROOT / "playbooks/filter_plugins/flashfleet_run_entries.py")
-entries = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(entries)
 
 TRAINER = {"target_gpus": "cpu", "drafter_gpus": "cpu"}
 

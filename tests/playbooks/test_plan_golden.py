@@ -53,10 +53,8 @@ RENDER = {
 SERVER_UNIT = f"{{{{ lookup('ansible.builtin.template', '{TEMPLATES}/vllm_server/templates/flashfleet-vllm@.service.j2') }}}}"
 SERVER_DROPIN = f"""{{{{ lookup('ansible.builtin.template', '{TEMPLATES}/vllm_server/templates/server.conf.j2',
       template_vars={{'vllm_server_index': srv, 'vllm_server_item': vllm_server_servers[srv],
-        'vllm_server_argv': [vllm_server_venv ~ '/bin/python', '-m', 'vllm.entrypoints.openai.api_server',
-                             '--model', vllm_server_spec.trainer.target_model, '--host', '127.0.0.1',
-                             '--port', vllm_server_servers[srv].port | string]
-                            + vllm_server_serve.argv + (vllm_server_args | vllm_serve_flags)}}) }}}}"""
+        'vllm_server_argv': vllm_server_servers[srv].argv + vllm_server_serve.argv
+                            + vllm_server_servers[srv].flags}}) }}}}"""
 
 
 def _molecule_hosts(scenario: Path) -> dict:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
-import sys
 
 import pytest
+from flashfleet.plan import run as plan
 from flashfleet_trainer.vllm_target import serve_argv
 
 from tests.conftest import ROOT, failure_messages, local_inventory
@@ -60,7 +59,7 @@ def _render(tmp_path, run_playbook, spec: dict) -> dict[str, str]:
       vars:
         vllm_server_item: "{{{{ vllm_server_servers[vllm_server_index] }}}}"
         vllm_server_argv: "{{{{ ['python', '--port', vllm_server_item.port | string] + vllm_server_serve.argv
-                               + (vllm_server_args | vllm_serve_flags) }}}}"
+                               + vllm_server_item.flags }}}}"
       loop: "{{{{ vllm_server_units }}}}"
       loop_control:
         index_var: vllm_server_index
@@ -120,26 +119,6 @@ def test_a_run_without_servers_gets_none(tmp_path, run_playbook):
     ({"compilation-config": {"level": 0}}, ["--compilation-config", '{"level":0}']),
 ])
 def test_vllm_args_become_flags(args, flags):
-    """The filter runs in a child process: the plugin imports Ansible, which must never be imported
-    into the pytest process (tests/conftest.py says why)."""
-    got = _vllm_serve_flags(args)
-    assert got == flags, got
-    got = _vllm_serve_flags({"--tensor-parallel-size": 2})
-    assert isinstance(got, str) and "Error: " in got and "without dashes" in got, got  # an error, not flags
-
-
-def _vllm_serve_flags(args: dict):
-    """roles/vllm_server's vllm_serve_flags(args) in a child Python: its list, or its error as 'Type: message'."""
-    child = subprocess.run([sys.executable, "-c", """
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("f", sys.argv[1])
-mod = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mod)
-try:
-    print(json.dumps(mod.vllm_serve_flags(json.loads(sys.argv[2]))))
-except Exception as e:
-    print(json.dumps(f"{type(e).__name__}: {e}"))
-""", str(ROOT / "roles/vllm_server/filter_plugins/vllm_server.py"), json.dumps(args)],
-                           capture_output=True, text=True, timeout=120)
-    assert child.returncode == 0, child.stderr
-    return json.loads(child.stdout)
+    assert plan.vllm_flags(args) == flags
+    with pytest.raises(plan.PlanError, match="without dashes"):
+        plan.vllm_flags({"--tensor-parallel-size": 2})

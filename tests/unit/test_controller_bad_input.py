@@ -1,7 +1,6 @@
 """Bad input is refused on the controller with one message that names the problem and the fix,
-never a Python traceback: run entries of flashfleet_runs (playbooks/filter_plugins/
-flashfleet_run_entries.py, which check_run.yml runs before any host is touched; the same through
-the playbooks: tests/playbooks/test_check_run_generated.py), and the offline tools on damaged
+never a Python traceback: run entries of flashfleet_runs (the run plan's flashfleet.plan.entry, which check_run.yml runs
+before any host is touched; the same through the playbooks: tests/playbooks/test_check_run_generated.py), and the offline tools on damaged
 files: flashfleet-classify RUNS_DIR classifies every host whose evidence it can read and makes the
 others `no-evidence` rows naming the file; flashfleet-report RUN_DIR builds the report from what is
 readable, naming each damaged file in one warning line, or refuses the directory in one line.
@@ -13,7 +12,6 @@ SUBFIELDS), so a field added there is fuzzed too.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -24,6 +22,7 @@ from pathlib import Path
 from unittest import mock
 
 import flashfleet.classify as fc
+import flashfleet.plan.entry as entries
 import flashfleet.report as fr
 import pytest
 from flashfleet.classify import cli
@@ -31,11 +30,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, examples
-
-_spec = importlib.util.spec_from_file_location("flashfleet_run_entries",
-                                               ROOT / "playbooks/filter_plugins/flashfleet_run_entries.py")
-entries = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(entries)
 
 FAST = settings(max_examples=examples(10), suppress_health_check=[HealthCheck.too_slow])
 
@@ -59,7 +53,7 @@ def test_the_checked_fields_are_the_role_argument_specs():
 
 
 def problems(name, entry):
-    return entries.flashfleet_run_entry_problems([name], {name: entry})
+    return entries.run_problems([name], {name: entry})
 
 
 def _wrong(kind):
@@ -78,7 +72,7 @@ def test_the_shipped_inventories_and_a_full_entry_are_accepted():
     import yaml
     for inv in ("example", "local"):
         runs = yaml.safe_load((ROOT / f"inventory/{inv}/group_vars/all.yml").read_text())["flashfleet_runs"]
-        assert entries.flashfleet_run_entry_problems(list(runs), runs) == []
+        assert entries.run_problems(list(runs), runs) == []
     assert problems("v2", GOOD) == [] and problems("v2", None) == [] and problems("v2", {}) == []
 
 
@@ -113,8 +107,8 @@ def test_a_run_name_systemd_cannot_take_as_an_instance_is_refused(name):
 
 
 def test_flashfleet_runs_itself_malformed_is_one_message():
-    assert entries.flashfleet_run_entry_problems(["v2"], ["v2"])[0].startswith("flashfleet_runs must be a mapping")
-    assert "quote it" in entries.flashfleet_run_entry_problems([], {2024: {}})[0]
+    assert entries.run_problems(["v2"], ["v2"])[0].startswith("flashfleet_runs must be a mapping")
+    assert "quote it" in entries.run_problems([], {2024: {}})[0]
 
 
 @FAST

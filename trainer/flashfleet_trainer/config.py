@@ -29,6 +29,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from flashfleet.plan import gpus
 from flashfleet.plan.settings import FIELDS, RunConfig, base_type  # noqa: F401 (the definition, read through here)
 
 from .errors import CliParser, ConfigError
@@ -291,21 +292,22 @@ def markdown_table() -> str:
 def parse_devices(spec: str, flag: str) -> list[str]:
     """'cpu' -> ['cpu']; 'cpu,cpu' -> ['cpu', 'cpu'] (two CPU workers); '0,1,2' -> ['cuda:0', 'cuda:1', 'cuda:2'].
 
-    CPU entries may repeat because each entry is a process, and tests need several on one machine;
-    a GPU index may not, because two processes of the same role on one GPU only fight for it.
+    The grammar is the run plan's (flashfleet.plan.gpus). CPU entries may repeat because each entry
+    is a process, and tests need several on one machine; a GPU index may not, because two processes
+    of the same role on one GPU only fight for it.
     """
-    spec = str(spec).strip()
-    parts = [x.strip().lower() for x in spec.split(",") if x.strip() != ""]
-    if parts and all(x == "cpu" for x in parts):
-        return ["cpu"] * len(parts)
     try:
-        ids = [int(x) for x in spec.split(",") if x.strip() != ""]
-    except ValueError as e:
+        found = gpus.entries(str(spec).strip())
+    except ValueError:
+        found = None
+    if found and all(x == "cpu" for x in found):
+        return ["cpu"] * len(found)
+    if found is None or "cpu" in found:
         raise ConfigError(f"{flag} {spec!r} is not `cpu` or a comma-separated list of GPU indices",
-                          f"e.g. {flag} 0,1,2 or {flag} cpu") from e
-    if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+                          f"e.g. {flag} 0,1,2 or {flag} cpu")
+    if len(set(found)) != len(found):
         raise ConfigError(f"{flag} {spec!r}: need distinct non-negative GPU indices", f"e.g. {flag} 0,1")
-    return [f"cuda:{i}" for i in ids]
+    return [f"cuda:{i}" for i in found]
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""Jinja filter of playbooks/check_run.yml: what is wrong with the selected runs' entries of
-flashfleet_runs, found on the controller before any host is touched. Without it a malformed entry
-reaches the hosts, where a role's argument spec refuses it with a dump of the spec, or worse is
-accepted: a run name systemd cannot take as a unit instance, two vLLM servers on one GPU or port.
+"""What is wrong with a run's entry of flashfleet_runs: the plan's only refusal of a run entry,
+found on the controller before any host is touched (playbooks/check_run.yml, through the
+flashfleet_plan filters) and again by plan_run. Without it a malformed entry reaches the hosts,
+where a role's argument spec refuses it with a dump of the spec, or worse is accepted: a run name
+systemd cannot take as a unit instance, two vLLM servers on one GPU or port.
 
-    {{ selected | flashfleet_run_entry_problems(runs) }}
+    run_problems(["v2"], runs)
         ['run v2: flashfleet_runs.v2.trainer must be a mapping, not a list: ...', ...]   ([] when usable)
 
 Every field is optional here (collect/diagnose/status need only the name); the roles that need a
@@ -18,7 +19,8 @@ import json
 import re
 from collections.abc import Mapping
 
-from flashfleet.contract import layout
+from ..contract import layout
+from . import gpus as gpu_list
 
 # systemd.unit(5): a unit name, its suffix included, is at most 255 characters.
 UNIT_NAME_MAX = 255
@@ -34,14 +36,10 @@ def _port(v):
 
 def _gpus(v):
     """The GPU indices of a `gpus`/`*_gpus` value ("0,1", 3, "cpu"), or None when it is none of them."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        v = str(v)
-    if not isinstance(v, str):
+    try:
+        return gpu_list.indices(v)
+    except ValueError:
         return None
-    items = [s.strip() for s in v.split(",")]
-    if not all(s == "cpu" or s.isdigit() for s in items):
-        return None
-    return [int(s) for s in items if s != "cpu"]
 
 
 # kind: (test, what the value must be)
@@ -179,7 +177,7 @@ def run_entry_problems(name, entry) -> list[str]:
     return [f"run {shown}: {p}" for p in out]
 
 
-def flashfleet_run_entry_problems(selected, runs) -> list[str]:
+def run_problems(selected, runs) -> list[str]:
     """The problems of the selected runs' entries (runs: flashfleet_runs)."""
     if not isinstance(runs, Mapping):
         return [f"flashfleet_runs must be a mapping of run name to entry, not {_describe(runs)}: correct it in the"
@@ -189,7 +187,3 @@ def flashfleet_run_entry_problems(selected, runs) -> list[str]:
                for k in runs if not isinstance(k, str)]
     return numbers + [p for r in selected if r in runs for p in run_entry_problems(r, runs[r])]
 
-
-class FilterModule:
-    def filters(self):
-        return {"flashfleet_run_entry_problems": flashfleet_run_entry_problems}

@@ -101,6 +101,21 @@ def flow(v) -> str:
     return scalar(v)
 
 
+def fold(v: str, indent: int) -> list[str] | None:
+    """A long one-line string as a folded scalar's lines, broken at its spaces (a line break folds
+    back to one space); None where it would not read back as itself."""
+    if "  " in v or v != v.strip():  # a break there would leave a trailing space
+        return None
+    lines: list[str] = []
+    for word in v.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= WIDTH - indent:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    lines = [" " * indent + line for line in lines]
+    return lines if len(lines) > 1 and yaml.safe_load("k: >-\n" + "\n".join(lines)) == {"k": v} else None
+
+
 def block(key: str, v, indent: int = 0) -> list[str]:
     """`key: value` lines: scalars and short collections on the key's line, a list of scalars
     wrapped in flow style, dicts and lists of dicts in block style, a multi-line string literal."""
@@ -108,6 +123,8 @@ def block(key: str, v, indent: int = 0) -> list[str]:
     head = f"{pad}{key}:"
     if isinstance(v, str) and "\n" in v.rstrip("\n") and v.endswith("\n"):
         return [f"{head} |", *(f"{pad}  {line}" for line in v.rstrip("\n").split("\n"))]
+    if isinstance(v, str) and len(f"{head} {scalar(v)}") > WIDTH and (folded := fold(v, indent + 2)):
+        return [f"{head} >-", *folded]
     if not isinstance(v, list | dict) or not v or len(f"{head} {flow(v)}") <= WIDTH and not any(
             isinstance(x, dict | list) and x for x in (v.values() if isinstance(v, dict) else v)):
         return [f"{head} {flow(v)}"]

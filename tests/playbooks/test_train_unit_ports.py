@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from flashfleet.plan.run import SERVER_BIND
 
 from tests.conftest import ROOT, failure_messages, local_inventory
 
@@ -39,7 +40,7 @@ def _check(tmp_path, run_playbook, ports):
   tasks:
     - ansible.builtin.include_tasks: "{{ tasks_file }}"
 """)
-    servers = [{"port": p, "gpus": str(i)} for i, p in enumerate(ports)]
+    servers = [{"port": p, "gpus": str(i), "bind": SERVER_BIND} for i, p in enumerate(ports)]  # as the plan gives them
     return run_playbook(playbook, local_inventory(tmp_path), tasks_file=str(ROOT / "roles/train_unit/tasks/ports_check.yml"),
                         train_unit_run="v2", train_unit_vllm_servers=servers,
                         train_unit_vllm_units=[f"flashfleet-vllm@v2-{i}.service" for i in range(len(ports))])

@@ -48,6 +48,11 @@ def _render(tmp_path, run_playbook, spec: dict) -> dict[str, str]:
         mode: "0600"
       tags: [render]
     - ansible.builtin.template:
+        src: "{ROOT}/roles/train_unit/templates/run.env.j2"
+        dest: "{out}/run.env"
+        mode: "0600"
+      tags: [render]
+    - ansible.builtin.template:
         src: "{ROOT}/roles/vllm_server/templates/flashfleet-vllm@.service.j2"
         dest: "{out}/flashfleet-vllm@.service"
         mode: "0600"
@@ -106,6 +111,17 @@ def test_each_server_runs_the_runs_extraction_on_its_own_port_and_gpus(tmp_path,
             f"http://127.0.0.1:{port}", "--layers", "2,17,32,47,62,64"]
     unit = files["flashfleet-vllm@.service"]
     assert "KillMode=control-group" in unit and "Restart=always" in unit
+
+
+def test_gpu_indices_mean_nvidia_smis_cards_to_the_trainer_and_every_server(tmp_path, run_playbook):
+    # CUDA numbers GPUs fastest first unless told otherwise: on a host whose cards differ, the
+    # trainer's cuda:N or a server's CUDA_VISIBLE_DEVICES=N would be another card than nvidia-smi's
+    # GPU N, which the inventory, the health check and the quarantine name.
+    files = _render(tmp_path, run_playbook, SPEC)
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in files["run.env"].splitlines()
+    for i in range(2):
+        env = _directives(files[f"flashfleet-vllm@v2-{i}.service.conf"], "Environment")
+        assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env
 
 
 def test_a_run_without_servers_gets_none(tmp_path, run_playbook):

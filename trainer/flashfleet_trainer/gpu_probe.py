@@ -22,10 +22,12 @@ import socket
 import sys
 import time
 
-# nvidia-smi's numbering, so --gpus means the same GPUs to the check and to this process.
-os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+from flashfleet.gpu_health.probe import busbw_gbs
+from flashfleet.plan.gpus import DEVICE_ORDER_ENV
 
-from flashfleet.gpu_health.probe import busbw_gbs  # noqa: E402
+# nvidia-smi's numbering, so --gpus means the same GPUs to the check and to this process (set
+# before torch is imported, below).
+os.environ.update(DEVICE_ORDER_ENV)
 
 SIZES = {1: {"matmul_iters": 10, "allreduce_mib": 64, "allreduce_iters": 10},
          2: {"matmul_iters": 50, "allreduce_mib": 1024, "allreduce_iters": 20}}

@@ -10,6 +10,13 @@ with it and the trainer turns its entries into devices.
 
 from __future__ import annotations
 
+# A GPU index of a run is nvidia-smi's, and nvidia-smi numbers GPUs in PCI bus order; CUDA's own
+# default is fastest first, so on a host whose cards differ cuda:N (or CUDA_VISIBLE_DEVICES=N)
+# could be another card than the inventory, the health check and the quarantine mean. Every
+# process given a run's GPU indices (the trainer's unit, each vLLM server's, the health probe) gets
+# this in its environment.
+DEVICE_ORDER_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
 
 def entries(value) -> list:
     """The entries of a GPU list, in order: an int per GPU index, 'cpu' per CPU entry (any case).

@@ -8,7 +8,8 @@ no role derives any of it again.
         "nodes": {...},              nnodes, node_rank, rdzv_endpoint ({} for a one-host run)
         "servers": [{"index": 0, "unit": ..., "port": 8100, "gpus": "0,1", "url": ..., "bind": ..., "argv": [...],
                      "flags": [...]}, ...],
-        "server_units": [...], "gpus": [4, 5, 6, 7, 0, 1, 2, 3], "resources": {...}, "rdma": false,
+        "server_units": [...], "gpus": [4, 5, 6, 7, 0, 1, 2, 3], "gpu_env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+        "resources": {...}, "rdma": false,
         "nccl": {...}, "wandb": {...}, "webhook_url": "", "data": {"argv": [...], "check_config": {...}}}
 
 A malformed entry raises PlanError with every problem entry.run_entry_problems finds (the same
@@ -190,7 +191,7 @@ def plan_run(run: str, entry, *, hosts=(), host=None, rdzv_host: str = "", runs_
         "run": run, "unit": layout.unit_name(run),
         "trainer": trainer_config(run, entry, runs_root, nodes, servers),
         "nodes": nodes, "servers": servers, "server_units": [s["unit"] for s in servers],
-        "gpus": _gpus(trainer, servers),
+        "gpus": _gpus(trainer, servers), "gpu_env": dict(gpus.DEVICE_ORDER_ENV),
         "resources": {**(resource_defaults or {}), **(entry.get("resources") or {})},
         "rdma": bool(entry.get("rdma", False)),
         "nccl": {**(nccl_env or {}), **(entry.get("nccl") or {})},

@@ -93,6 +93,23 @@ def test_a_clear_runs_the_check_first_and_releases_only_a_healthy_gpu(tmp_path):
         check_host(str(tmp_path), [1], raw=recorded(), clear="GPU-00000000-0000-0000-0000-000000000000")
 
 
+def test_with_two_gpus_quarantined_each_can_be_cleared_in_turn(tmp_path):
+    path = quarantine.path_for(str(tmp_path))
+    for uuid in (UUID0, UUID1):
+        quarantine.record(path, uuid, "gpu-xid-79: fallen off the bus", "diagnose", "runs/v2/n1/evidence.json")
+    # gpu_check.yml -e clear_quarantine=UUID (every GPU): the one being cleared is checked alone
+    alone = check_host(str(tmp_path), None, raw=recorded(), clear=UUID0)
+    assert alone["ok"] and alone["cleared"]["uuid"] == UUID0 and [r["uuid"] for r in alone["rows"]] == [UUID0]
+    quarantine.record(path, UUID0, "gpu-xid-79: fallen off the bus", "diagnose", "runs/v2/n1/evidence.json")
+    # train.yml on both: this one is released, the other still refuses the run (and can be cleared next)
+    run = check_host(str(tmp_path), [0, 1], raw=recorded(), clear=UUID1)
+    assert run["cleared"]["uuid"] == UUID1 and not run["ok"]
+    [line] = run["refused"]
+    assert line.startswith(f"GPU 0 {UUID0}: gpu-xid-79") and run["lines"][0] == line
+    assert check_host(str(tmp_path), [0, 1], raw=recorded(), clear=UUID0)["ok"]
+    assert quarantine.quarantined(quarantine.read(path)) == {}
+
+
 def test_clearing_a_gpu_quarantined_for_a_xid_lets_the_next_check_pass(tmp_path):
     raw = with_kernel(XID79)
     check_host(str(tmp_path), [0], raw=raw, now=1796376500.0)

@@ -46,17 +46,24 @@ def check_host(runs_root: str | None, indices: list[int] | None, level: int = 1,
     if clear and clear not in {g["uuid"] for g in gpus}:
         raise ValueError(f"clear_quarantine={clear}: no such GPU on this host (its GPUs: "
                          f"{', '.join(g['uuid'] for g in gpus) or 'none'})")
+    clear_index = [g["index"] for g in gpus if g["uuid"] == clear]
+    if clear and indices is None:  # gpu_check.yml -e clear_quarantine=UUID: that GPU alone
+        indices = clear_index
     refused = refusals(doc, gpus, indices, clear)
-    if refused:
+    if refused and not clear:
         return {"refused": refused, "ok": False, "rows": [], "host": [], "lines": refused,
                 "quarantined": list(quarantine.quarantined(doc).values()), "elapsed_s": round(time.monotonic() - t0, 3)}
+    if refused:  # the run's other quarantined GPUs still refuse it, after this one is checked and released
+        indices = clear_index
     if raw is None:
         raw = gather.gather(indices, level, budget_s, probe_python, smi=smi)
     cleared = {g["uuid"]: quarantine.last_cleared(doc, g["uuid"]) for g in gpus}
     if clear:
         cleared[clear] = now
     result = checks.judge(raw, overrides, indices, cleared)
-    result.update(refused=[], recorded=[], cleared=None, evidence=None)
+    result.update(refused=refused, recorded=[], cleared=None, evidence=None)
+    if refused:
+        result["ok"] = False
     if qpath:
         result["evidence"] = _evidence_path(runs_root, now)
         os.makedirs(os.path.dirname(result["evidence"]), mode=0o755, exist_ok=True)
@@ -72,5 +79,5 @@ def check_host(runs_root: str | None, indices: list[int] | None, level: int = 1,
             result["cleared"] = quarantine.clear(qpath, clear, cleared_by or "gpu_health", now=now)
         result["quarantined"] = list(quarantine.quarantined(quarantine.read(qpath)).values())
     result["elapsed_s"] = round(time.monotonic() - t0, 3)
-    result["lines"] = checks.table(result)
+    result["lines"] = refused + checks.table(result)
     return result

@@ -90,7 +90,7 @@ def test_text_assets_cached_by_recipe_seed_and_sources(tmp_path):
     assert builds.read_text().count("built") == 4
     bad = subprocess.run(["bash", str(root / "platform/tiny-assets.sh"), "0", "prose"], env=env,
                          capture_output=True, text=True)
-    assert bad.returncode == 2 and "unknown kind 'prose' (fix: pass phrase or text)" in bad.stderr
+    assert bad.returncode == 2 and "unknown kind 'prose' (fix: pass phrase, hybrid or text)" in bad.stderr
 
 
 # ---- the real assets (built once per content, minutes; reused from the cache) --------------------

@@ -6,7 +6,7 @@ it imports nothing of flashfleet but the standard library and vLLM. The caller c
 with `dflash-eval --drafter` on the same prompts (tests/unit/test_vllm_serve_drafter.py):
 
     python -m flashfleet_trainer.vllm_serve_check TARGET_DIR DRAFTER_DIR PROMPTS.json OUT.json \\
-        [--max-new-tokens 16] [--dtype float32] [--max-model-len 256]
+        [--max-new-tokens 16] [--dtype float32] [--max-model-len 256] [--temperature 0]
     python -m flashfleet_trainer.vllm_serve_check TARGET_DIR DRAFTER_DIR --check   # only: can this vLLM serve it
 
 PROMPTS.json: a JSON list of prompts, each a list of token ids. Writes one JSON object to OUT.json
@@ -14,9 +14,11 @@ PROMPTS.json: a JSON list of prompts, each a list of token ids. Writes one JSON 
 (1 + accepted / drafts, vLLM's own counters: `vllm:spec_decode_num_drafts`, `..._num_accepted_tokens`),
 the counters, `outputs` (each prompt's generated ids) and `vllm_version`.
 
-Greedy, `ignore_eos` (the project's evaluator generates max-new-tokens whatever the tokens), the
-engine in its default multiprocess mode. `num_speculative_tokens` is the drafter's block size - 1
-(the block's first position is the anchor, known).
+Greedy unless --temperature is above 0 (then sampled from the full distribution, vLLM's
+speculative sampling: the sampled acceptance of tests/benchmarks/bench_tau_settings.py),
+`ignore_eos` (the project's evaluator generates max-new-tokens whatever the tokens), the engine
+in its default multiprocess mode. `num_speculative_tokens` is the drafter's block size - 1 (the
+block's first position is the anchor, known).
 """
 
 import argparse
@@ -87,23 +89,25 @@ def _counts(llm) -> dict:
     return counts
 
 
-def measure(llm, prompts, max_new_tokens) -> dict:
-    """Greedy generation on `prompts`; the counters are this call's own (vLLM's are cumulative)."""
+def measure(llm, prompts, max_new_tokens, temperature=0.0) -> dict:
+    """Generation on `prompts`, greedy (temperature 0) or sampled from the full distribution at
+    `temperature` (vLLM's speculative sampling: the output is distributed as the target's); the
+    counters are this call's own (vLLM's are cumulative)."""
     import vllm
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True, detokenize=False)
+    params = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, ignore_eos=True, detokenize=False)
     before = _counts(llm)
     results = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
     counts = {k: v - before[k] for k, v in _counts(llm).items()}
     tau = 1 + counts["accepted"] / counts["drafts"] if counts["drafts"] else None
     block_size = llm.llm_engine.vllm_config.speculative_config.num_speculative_tokens + 1
-    return {"tau": tau, **counts, "block_size": block_size, "vllm_version": vllm.__version__,
-            "outputs": [list(r.outputs[0].token_ids) for r in results]}
+    return {"tau": tau, **counts, "block_size": block_size, "temperature": temperature,
+            "vllm_version": vllm.__version__, "outputs": [list(r.outputs[0].token_ids) for r in results]}
 
 
-def serve(target, drafter, prompts, max_new_tokens, dtype="float32", max_model_len=256) -> dict:
-    return measure(engine(target, drafter, dtype, max_model_len), prompts, max_new_tokens)
+def serve(target, drafter, prompts, max_new_tokens, dtype="float32", max_model_len=256, temperature=0.0) -> dict:
+    return measure(engine(target, drafter, dtype, max_model_len), prompts, max_new_tokens, temperature)
 
 
 def main(argv=None) -> int:
@@ -115,6 +119,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default); above 0: sampled "
+                   "(the engine's seed is 0)")
     p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="N", help="refused unless the "
                    "drafter's block size - 1 (the default), what the engine is started with")
     p.add_argument("--check", action="store_true", help="only check that this vLLM serves DRAFTER (no engine, "
@@ -129,7 +135,7 @@ def main(argv=None) -> int:
     if a.check:
         return 0
     prompts = json.loads(Path(a.prompts).read_text())
-    result = serve(a.target, a.drafter, prompts, a.max_new_tokens, a.dtype, a.max_model_len)
+    result = serve(a.target, a.drafter, prompts, a.max_new_tokens, a.dtype, a.max_model_len, a.temperature)
     Path(a.out).write_text(json.dumps(result) + "\n")
     return 0
 

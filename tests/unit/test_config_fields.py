@@ -6,6 +6,7 @@ import json
 import pytest
 from flashfleet_trainer import config
 from flashfleet_trainer.config import FIELDS, build_parser, flag, parse_args, rule
+from flashfleet_trainer.defaults import BLOCK_SIZE
 from flashfleet_trainer.errors import ConfigError
 
 BASE = ["--target-model", "/m", "--data-dir", "/d", "--output-dir", "/o"]
@@ -74,8 +75,11 @@ def test_parser_is_generated_from_the_fields():
 def test_defaults_are_the_dataclass_defaults():
     a = parse_args(BASE)
     assert config.RunConfig.from_flat(vars(a)).to_flat() == vars(a)
-    assert {k: v for k, v in vars(a).items() if k not in ("target_model", "data_dir", "output_dir")} == {
-        name: f.default for name, f in config.FIELDS.items() if name not in ("target_model", "data_dir", "output_dir")}
+    # block_size's default (None) is the drafter kind's, filled by parse_args (config.kind_defaults)
+    assert a.block_size == BLOCK_SIZE[a.drafter_kind] and FIELDS["block_size"].default is None
+    skip = ("target_model", "data_dir", "output_dir", "block_size")
+    assert {k: v for k, v in vars(a).items() if k not in skip} == {
+        name: f.default for name, f in config.FIELDS.items() if name not in skip}
 
 
 @pytest.mark.parametrize("key, near", [("lerning_rate", None), ("use_soft_label", "use_soft_labels"),

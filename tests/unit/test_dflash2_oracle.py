@@ -228,9 +228,9 @@ def test_unary_top_k_in_chunks_is_the_full_top_k(monkeypatch):
 
 # ---- the drafter, exported, loaded by z-lab ---------------------------------------------------------
 
-def _drafter_and_export(tmp_path, trainer_tiny):
+def _drafter_and_export(tmp_path, trainer_tiny, **kw):
     torch.manual_seed(0)
-    cfg = _config(target_model=str(trainer_tiny / "model"))
+    cfg = _config(target_model=str(trainer_tiny / "model"), **kw)
     drafter = DFlashDrafter(cfg)
     _randomize(drafter)
     config, tensors = export.to_dflash(cfg, drafter.state_dict(), export.target_facts(trainer_tiny / "model"))
@@ -264,6 +264,35 @@ def test_zlab_loads_the_export_and_computes_the_same_logits_and_drafts(tmp_path,
             torch.testing.assert_close(ours[1:] @ head.T, theirs[1:] @ head.T, rtol=1e-4, atol=1e-4)
             path, _, _ = model.propose(theirs[None, 1:], ids[:1], _head(head), 0.0)
             assert greedy_walk(mine.selector, ours[1:], ours[1:] @ head.T, ids[0]) == path[0].tolist()
+
+
+@pytest.mark.parametrize("non_causal", [True, False])
+def test_zlab_computes_the_sliding_layers_as_exported(tmp_path, trainer_tiny, non_causal):
+    """All-sliding DFlash 2 layers with a window shorter than the block: z-lab reads the export's
+    is_causal (written false for DFlash 2's non-causal sliding layers, absent for causal ones) and
+    computes the same drafts as this trainer's masks (attention.layer_windows, the dense path)."""
+    from flashfleet_trainer.evaluate import draft_block_hidden
+    from flashfleet_trainer.target import HiddenStateProducer
+
+    zlab = _zlab()
+    out = _drafter_and_export(tmp_path, trainer_tiny, layer_types=["sliding_attention"] * 2, sliding_window=3,
+                              sliding_window_non_causal=non_causal)
+    raw = json.loads((out / "config.json").read_text())
+    assert raw.get("is_causal", True) is not non_causal
+    model = zlab.DFlash2DraftModel.from_pretrained(str(out), dtype=torch.float32).eval()
+    mine = load_exported_drafter(out, trainer_tiny / "model")
+    assert mine.config.sliding_window_non_causal is non_causal
+    producer = HiddenStateProducer(trainer_tiny / "model", ["cpu"], [1, 2], "cpu")
+    seq = list(range(3, 40))
+    feats = producer.forward(torch.tensor([seq]))[0]
+    embed, head = producer.embed_weight, producer.lm_head_weight
+    for anchor in (5, 30):
+        ids = torch.tensor([seq[anchor]] + [V - 1] * (B - 1))
+        with torch.no_grad():
+            theirs = model(position_ids=torch.arange(anchor + B)[None], noise_embedding=embed[ids][None],
+                           target_hidden=feats[:, :anchor])[0]
+            ours = draft_block_hidden(mine, embed, feats, seq[anchor], anchor, B, V - 1)
+            torch.testing.assert_close(ours @ head.T, theirs[1:] @ head.T, rtol=1e-4, atol=1e-4)
 
 
 def _head(weight):

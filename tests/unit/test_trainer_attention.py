@@ -243,10 +243,11 @@ def test_optimizer_state_resumes_across_fused_and_foreach(saver_fused, loader_fu
 WINDOWS = [1, 2, 3, 4, 5, 16, 17, 100, 10_000]
 
 
-def _reference_mask(seq, anchor, block_size, window):
+def _reference_mask(seq, anchor, block_size, window, causal=True):
     """The mask from its definition, one (row, key) pair at a time: a row of block j (sequence s,
     anchor a, slot k, position p = a + k) sees context of s at positions < a and its own block's
-    slots; a sliding layer only keys at positions q <= p with p - q < W (the query counts)."""
+    slots; a sliding layer only keys at positions q <= p with p - q < W (the query counts), or
+    with `causal` False (DFlash 2's) block keys at |p - q| < W."""
     ctx_seq, ctx_pos, _, _ = block_attention_inputs(seq, anchor, block_size)
     n, t = len(anchor), len(ctx_seq)
     want = torch.zeros(n * block_size, t + n * block_size, dtype=torch.bool)
@@ -259,12 +260,13 @@ def _reference_mask(seq, anchor, block_size, window):
                 want[r, c] = int(ctx_seq[c]) == s and q < a and (window is None or (q <= p and p - q < window))
             for k2 in range(block_size):
                 q = a + k2
-                want[r, t + j * block_size + k2] = window is None or (q <= p and p - q < window)
+                want[r, t + j * block_size + k2] = window is None or ((q <= p or not causal) and abs(p - q) < window)
     return want
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("window", [None, *WINDOWS])
-def test_dense_sliding_mask_is_its_definition(window):
+def test_dense_sliding_mask_is_its_definition(window, causal):
     rng = np.random.default_rng(0 if window is None else window)
     for block_size in (3, 4):
         for _ in range(3):
@@ -273,8 +275,8 @@ def test_dense_sliding_mask_is_its_definition(window):
             seq, anchor = seq[keep], anchor[keep]
             if len(anchor) == 0:
                 continue
-            *_, mask = block_attention_inputs(seq, anchor, block_size, window)
-            assert torch.equal(mask, _reference_mask(seq, anchor, block_size, window))
+            *_, mask = block_attention_inputs(seq, anchor, block_size, window, causal=causal)
+            assert torch.equal(mask, _reference_mask(seq, anchor, block_size, window, causal))
 
 
 def test_sliding_window_edges():
@@ -295,14 +297,15 @@ def test_sliding_window_edges():
     assert not w3[6, :t].any() and w3[6, t + 4:].tolist() == [True, True, True, False]
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("window", WINDOWS)
-def test_flex_sliding_intervals_equal_the_dense_sliding_mask(window):
+def test_flex_sliding_intervals_equal_the_dense_sliding_mask(window, causal):
     rng = np.random.default_rng(100 + window)
     for block_size in (4, 16):
         for _ in range(12):
             seq, anchor = _random_micro_batch(rng, block_size)
-            ctx_seq, ctx_pos, block_pos, mask = block_attention_inputs(seq, anchor, block_size, window)
-            lay = block_mask_intervals(seq, anchor, block_size, window)
+            ctx_seq, ctx_pos, block_pos, mask = block_attention_inputs(seq, anchor, block_size, window, causal)
+            lay = block_mask_intervals(seq, anchor, block_size, window, causal)
             full = block_mask_intervals(seq, anchor, block_size)
             for k in ("ctx_seq", "ctx_pos", "block_pos"):  # one gather for every layer kind
                 assert torch.equal(lay[k], full[k])

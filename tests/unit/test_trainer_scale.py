@@ -409,3 +409,13 @@ def test_plan_prints_a_split(trainer_argv, capsys):
     assert best and "--target-gpus cpu" in best[0] and "--drafter-gpus cpu" in best[0]
     headroom = [x for x in out.splitlines() if "the targets are the bound" in x]
     assert len(headroom) == ("drafter-bound" not in best[0]), out  # said for a split the targets bound
+    assert "rows/s (DFlash: forward, loss, backward, AdamW; peak" in out
+
+
+def test_plan_measures_a_dflash2_step_and_says_so(trainer_argv, capsys):
+    """--plan of a DFlash 2 run times DFlash 2's own step (planner.measure checks each measured
+    step carried the selector loss) and names it."""
+    assert main(trainer_argv("--plan", "--plan-steps", "1", "--target-gpus", "cpu", "--drafter-gpus", "cpu,cpu",
+                             "--drafter-kind", "dflash2", "--block-size", "4")) == 0
+    out = capsys.readouterr().out
+    assert "rows/s (DFlash 2: its convolutions, candidate selector and selector loss included; peak" in out, out

@@ -9,8 +9,12 @@ CUDA, dense elsewhere. Each draft layer is `full_attention` or `sliding_attentio
 (`DrafterConfig.layer_types`, `sliding_window` W), with the semantics vLLM, SGLang and SpecForge
 serve: a full layer's row sees its sequence's context before its anchor and its whole block; a
 sliding layer's row at absolute position p sees keys k <= p with p - k < W (the query counts),
-over context and block alike, so it is causal inside the block. Both kinds are still two kv
-intervals per row, so the dense reference and the flex BlockMask are built per kind.
+over context and block alike, so it is causal inside the block; DFlash 2's sliding layers are
+not causal inside the block (`DrafterConfig.sliding_window_non_causal`: speculators' name, the
+format's `is_causal: false`): the window cuts both ways, |p - k| < W, as z-lab's dflash 0.1.0 reads
+that flag, so a block no longer than W is seen whole (speculators shows the whole block at any W).
+Each kind is still two kv intervals per row, so the dense reference and the flex BlockMask are
+built per kind.
 """
 
 import torch
@@ -19,7 +23,7 @@ import torch.nn.functional as F
 from .compilation import raise_recompile_limit
 
 
-def block_attention_inputs(seq, anchor, block_size, sliding_window=None):
+def block_attention_inputs(seq, anchor, block_size, sliding_window=None, causal=True):
     """Context gather indices and the strict DFlash mask for N blocks of one micro-batch (the dense
     reference).
 
@@ -29,7 +33,8 @@ def block_attention_inputs(seq, anchor, block_size, sliding_window=None):
     row sees context of ITS sequence strictly before ITS anchor (kv < anchor), its own block
     bidirectionally, and nothing else (a full_attention layer). With `sliding_window` W the mask is
     a sliding_attention layer's: of those, a row at absolute position p sees only keys at positions
-    k <= p with p - k < W (the query itself counts), context and block alike: causal in the block.
+    k <= p with p - k < W (the query itself counts), context and block alike: causal in the block;
+    with `causal` False the block's keys only need |p - k| < W (DFlash 2's sliding layers).
     """
     dev = anchor.device
     ctx_seq, ctx_pos = [], []
@@ -50,13 +55,16 @@ def block_attention_inputs(seq, anchor, block_size, sliding_window=None):
         w = int(sliding_window)
         sees_ctx = sees_ctx & (block_pos[:, None] - ctx_pos[None, :] < w)
         back = slot[:, None] - slot[None, :]  # query slot - key slot, inside one block
-        sees_block = sees_block & (back >= 0) & (back < w)
+        sees_block = sees_block & (back < w) & ((back >= 0) if causal else (back > -w))
     return ctx_seq, ctx_pos, block_pos, torch.cat([sees_ctx, sees_block], dim=1)
 
 
 def layer_windows(cfg) -> dict:
-    """{layer type used by the drafter: its window (None = full_attention)}."""
-    return {t: (cfg.sliding_window if t == "sliding_attention" else None) for t in dict.fromkeys(cfg.layer_types)}
+    """{layer type used by the drafter: the mask's keyword arguments (`sliding_window`, None for
+    full_attention, and `causal`)} for block_attention_inputs and block_mask_intervals."""
+    causal = not getattr(cfg, "sliding_window_non_causal", False)
+    return {t: dict(sliding_window=cfg.sliding_window if t == "sliding_attention" else None, causal=causal)
+            for t in dict.fromkeys(cfg.layer_types)}
 
 
 ATTN_IMPLS = ("auto", "dense", "flex")
@@ -94,7 +102,7 @@ def bucket(n: int) -> int:
         p *= 2
 
 
-def block_mask_intervals(seq, anchor, block_size, sliding_window=None):
+def block_mask_intervals(seq, anchor, block_size, sliding_window=None, causal=True):
     """The flex layout of a micro-batch: the strict DFlash mask as two kv intervals per row.
 
     The context is gathered like `block_attention_inputs` does (for each sequence in ascending
@@ -104,7 +112,8 @@ def block_mask_intervals(seq, anchor, block_size, sliding_window=None):
     so each block lies inside one kv tile. Computed on the CPU (N entries). With `sliding_window`
     W (a sliding_attention layer) both intervals are cut to the window of the row's position
     p = a + k: context [start_s + max(0, p - W + 1), start_s + a), block slots
-    [max(0, k - W + 1), k]; still two intervals.
+    [max(0, k - W + 1), k] ([max(0, k - W + 1), min(B, k + W)) with `causal` False); still two
+    intervals.
 
     Returns dict(ctx_seq [T], ctx_pos [T], block_pos [M], lo, hi, blo, bhi [q_len] int32 (padded
     rows: empty intervals), t, t_pad, m, q_len, kv_len).
@@ -132,7 +141,7 @@ def block_mask_intervals(seq, anchor, block_size, sliding_window=None):
         slot = torch.arange(block_size).repeat(n)
         lo[:m] = lo[:m] + (block_pos - w + 1).clamp(min=0).int()
         lo[:m] = torch.minimum(lo[:m], hi[:m])  # an empty context interval stays empty
-        bhi[:m] = blo[:m] + slot.int() + 1
+        bhi[:m] = blo[:m] + (slot + 1 if causal else (slot + w).clamp(max=block_size)).int()
         blo[:m] = blo[:m] + (slot - w + 1).clamp(min=0).int()
     return dict(ctx_seq=ctx_seq, ctx_pos=ctx_pos, block_pos=block_pos, lo=lo, hi=hi, blo=blo, bhi=bhi, t=t,
                 t_pad=t_pad, m=m, q_len=q_len, kv_len=kv_len)
@@ -251,4 +260,4 @@ def flex_layouts(cfg, blocks) -> dict:
     """{layer type: `block_mask_intervals` layout} of a micro-batch's blocks: host work only, so the
     trainer can build it ahead, while the previous micro-batch still runs on the device."""
     b = blocks.input_ids.shape[1]
-    return {t: block_mask_intervals(blocks.seq, blocks.anchor, b, w) for t, w in layer_windows(cfg).items()}
+    return {t: block_mask_intervals(blocks.seq, blocks.anchor, b, **w) for t, w in layer_windows(cfg).items()}

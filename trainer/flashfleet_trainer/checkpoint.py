@@ -190,7 +190,9 @@ def drafter_differences(mine: dict, theirs: dict) -> list[str]:
                         "layer_types", "sliding_window", "num_attention_heads", "num_key_value_heads", "head_dim",
                         "intermediate_size", "mask_token_id", "conv_kernel_size", "conv_group_size",
                         "selector_rank", "selector_top_k")
-            if theirs.get(k) != mine.get(k)]
+            if theirs.get(k) != mine.get(k)] + [
+        k for k in ("sliding_window_non_causal",)  # False in a checkpoint from before the field
+        if theirs.get(k, False) != mine.get(k, False)]
 
 
 def restore_cuda_rng(states) -> int:

@@ -30,6 +30,7 @@ import sys
 from dataclasses import dataclass
 
 from flashfleet.plan import gpus
+from flashfleet.plan.defaults import BLOCK_SIZE
 from flashfleet.plan.settings import FIELDS, RunConfig, base_type  # noqa: F401 (the definition, read through here)
 
 from .errors import CliParser, ConfigError
@@ -134,9 +135,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         if f.metadata["required"] and not getattr(first, f.name):
             raise ConfigError(f"{flag(f.name)} is required", f"pass it or set \"{f.name}\" in --config")
     check_types(first)
+    kind_defaults(first)
     check_bounds(first)
     check_rules(first)
     return first
+
+
+def kind_defaults(args) -> None:
+    """Fill the settings whose default depends on --drafter-kind (None until here, so a value given
+    in flags or --config always wins): --block-size (defaults.BLOCK_SIZE)."""
+    if args.block_size is None:
+        args.block_size = BLOCK_SIZE[args.drafter_kind]
 
 
 def load_config_file(path: str) -> dict:

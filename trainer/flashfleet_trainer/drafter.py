@@ -62,17 +62,19 @@ def parse_layer_types(spec, n_layers: int) -> list[str]:
     return out
 
 
-def drafter_defaults(tcfg, num_draft_layers: int) -> dict:
+def drafter_defaults(tcfg, num_draft_layers: int, drafter_kind: str = "dflash") -> dict:
     """The drafter's shape for a target, before flags: a Qwen3 target's own attention shape and all
-    layers full; for a hybrid Qwen3.5/3.6 target the published drafter's (defaults.HYBRID_DRAFTER:
-    its heads and window, sliding_attention x (n-1) then one full_attention). MLP: the target's
-    intermediate_size (17,408 for the 27B, as published), defaults.MOE_MLP_PER_HIDDEN x hidden
-    for a MoE target that has none."""
+    layers full; for a hybrid Qwen3.5/3.6/3.8 target the published drafter's (defaults.HYBRID_DRAFTER:
+    its heads and window), its layers DFlash's sliding_attention x (n-1) then one full_attention
+    (z-lab's Qwen3.6-27B-DFlash), or for DFlash 2 all sliding_attention (z-lab's Qwen3.8-27B-DFlash2,
+    defaults.DFLASH2_TARGET_LAYERS' note). MLP: the target's intermediate_size (17,408 for the 27B,
+    as published), defaults.MOE_MLP_PER_HIDDEN x hidden for a MoE target that has none."""
     t = text_config_of(tcfg)
     h = t.hidden_size
     inter = getattr(t, "intermediate_size", None) or MOE_MLP_PER_HIDDEN * h
     if getattr(t, "model_type", None) in HYBRID_TEXT_TYPES:
-        types = ["sliding_attention"] * (num_draft_layers - 1) + ["full_attention"]
+        full = 0 if drafter_kind == "dflash2" else 1
+        types = ["sliding_attention"] * (num_draft_layers - full) + ["full_attention"] * full
         return dict(HYBRID_DRAFTER, intermediate_size=inter, layer_types=types)
     return dict(num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
                 head_dim=getattr(t, "head_dim", None) or h // t.num_attention_heads, intermediate_size=inter,
@@ -96,6 +98,9 @@ class DrafterConfig:
     # per draft layer "full_attention" | "sliding_attention"; empty (an older checkpoint) = all full
     layer_types: list[str] = field(default_factory=list)
     sliding_window: int | None = None  # W: a sliding layer's query sees keys k <= p with p - k < W
+    # True: sliding layers see their block both ways, |p - k| < W (DFlash 2's, speculators' name; the
+    # format's is_causal false); False (DFlash, and a checkpoint from before the field): causal in it
+    sliding_window_non_causal: bool = False
     target_model: str = ""
     # "dflash" | "dflash2" (dflash2.py: convolutions and a candidate selector, their four settings;
     # None for dflash, so a DFlash checkpoint's config is what it was)
@@ -135,11 +140,15 @@ class DrafterConfig:
         head_dim, intermediate_size, layer_types, sliding_window; drafter_kind and, for dflash2, its
         conv_kernel_size, conv_group_size, selector_rank, selector_top_k)."""
         t = text_config_of(tcfg)
-        shape = drafter_defaults(t, num_draft_layers)
+        shape = drafter_defaults(t, num_draft_layers, overrides.get("drafter_kind") or "dflash")
         shape.update({k: v for k, v in overrides.items() if v is not None})
         shape["layer_types"] = parse_layer_types(shape["layer_types"], num_draft_layers)
         if "sliding_attention" not in shape["layer_types"]:
             shape["sliding_window"] = None
+        # DFlash 2's sliding layers see their whole block, as speculators trains them (its dflash2
+        # default sliding_window_non_causal) and the published drafter is served (is_causal false)
+        shape["sliding_window_non_causal"] = (shape.get("drafter_kind") == "dflash2"
+                                              and "sliding_attention" in shape["layer_types"])
         return cls(hidden_size=t.hidden_size, num_hidden_layers=num_draft_layers,
                    target_layer_ids=list(target_layer_ids), block_size=block_size, mask_token_id=mask_token_id,
                    vocab_size=t.vocab_size, rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6),
@@ -495,7 +504,7 @@ def drafter_hidden(drafter, embed_weight, features, blocks, noise_scale=0.0, gen
         seq, anchor = blocks.seq.to(dev), blocks.anchor.to(dev)
         mask = {}
         for t, w in windows.items():
-            ctx_seq, ctx_pos, block_pos, mask[t] = block_attention_inputs(seq, anchor, b, w)
+            ctx_seq, ctx_pos, block_pos, mask[t] = block_attention_inputs(seq, anchor, b, **w)
     ctx = gather_rows(features, ctx_seq, ctx_pos)
     if noise_scale > 0:
         rms = ctx.float().pow(2).mean(-1, keepdim=True).sqrt()

@@ -60,7 +60,7 @@ from .attention import block_attention_inputs, layer_windows
 from .chat_template import reads_thinking, thinking_kwargs
 from .config import settings_view
 from .data import Blocks
-from .defaults import RANDOM_DRAFTER_LAYERS
+from .defaults import BLOCK_SIZE, RANDOM_DRAFTER_LAYERS
 from .drafter import DFlashDrafter, DrafterConfig, default_mask_token_id, drafter_hidden
 from .loss import IGNORE
 from .sampling import GREEDY, Sampling, Stats, decode, propose, walk
@@ -260,7 +260,7 @@ class CachedSession(UncachedSession):
         anchor = torch.tensor([self.n], device=self.dev)
         zero = torch.zeros(1, dtype=torch.long, device=self.dev)
         # the uncached path's mask for this block: context 0..n-1 (all cached), the block itself
-        masks = {t: block_attention_inputs(zero, anchor, b, w)[3] for t, w in self.windows.items()}
+        masks = {t: block_attention_inputs(zero, anchor, b, **w)[3] for t, w in self.windows.items()}
         block_pos = torch.arange(self.n, self.n + b, device=self.dev)
         hidden = self.drafter(F.embedding(ids, self.producer.embed_weight), None, None, block_pos, masks,
                               ctx_kv=self.ctx_kv)
@@ -440,7 +440,8 @@ def main(argv=None):
     p.add_argument("--drafter", default=None, metavar="DIR", help="a DFlash drafter directory (dflash-export's "
                    "OUT_DIR, or a published one: config.json + model.safetensors) instead of a checkpoint")
     p.add_argument("--random-drafter", action="store_true", help="evaluate an untrained drafter (the baseline)")
-    add_setting(p, "block_size", use="with --random-drafter")
+    add_setting(p, "block_size", default=BLOCK_SIZE["dflash"], use="with --random-drafter (a DFlash drafter: "
+                f"{BLOCK_SIZE['dflash']} unless given)")
     add_setting(p, "num_draft_layers", default=RANDOM_DRAFTER_LAYERS, use="with --random-drafter")
     add_setting(p, "seed", use="here the random drafter's init and the sampling generator")
     p.add_argument("--prompts", default=None, nargs="+", metavar="JSONL", help="prompt set files: one JSON object "

@@ -230,6 +230,9 @@ def to_dflash(cfg, state_dict: dict, target: dict, provenance: dict | None = Non
         "max_position_embeddings": target["max_position_embeddings"], "vocab_size": target["vocab_size"],
         "tie_word_embeddings": False, "layer_types": types,
         "sliding_window": int(window) if sliding else None, "use_sliding_window": sliding,
+        # DFlash 2's sliding layers see their block both ways: z-lab's and vLLM's loaders read that from
+        # is_causal (absent, their sliding layers are causal, as DFlash's are)
+        **({"is_causal": False} if sliding and getattr(cfg, "sliding_window_non_causal", False) else {}),
         "max_window_layers": cfg.num_hidden_layers, "initializer_range": 0.02, "use_cache": True,
         PROVENANCE: {"target": target["name"], "target_model_type": target["model_type"],
                      "feature_convention": cfg.feature_convention, **(provenance or {})},
@@ -296,6 +299,14 @@ def config_from_dflash(raw: dict, where: str = "config.json") -> DrafterConfig:
         if not raw.get("use_sliding_window", False) or not window:
             raise ConfigError(f"{where}: sliding-attention layers need sliding_window and use_sliding_window: "
                               "true (transformers drops the window otherwise)", fix)
+    # is_causal (else dflash_config.causal, vLLM's order): absent, sliding layers are causal in the block
+    # and full ones are not; false, none is (DFlash 2's); true would make full layers causal too
+    causal = raw.get("is_causal")
+    if causal is None:
+        causal = (raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}).get("causal")
+    if causal is True and FULL in types:
+        raise ConfigError(f"{where}: is_causal true makes its full_attention layers causal in the block, which "
+                          "this trainer's drafter does not have", fix)
     rp = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
     if (raw.get("rope_scaling") or {}).get("rope_type", "default") not in ("default", None) or \
             rp.get("rope_type", "default") != "default":
@@ -312,7 +323,7 @@ def config_from_dflash(raw: dict, where: str = "config.json") -> DrafterConfig:
         "vocab_size": raw["vocab_size"], "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
         "rope_theta": float(theta), "target_model": prov.get("target_model", ""),
         "layer_types": list(types), "sliding_window": int(window) if window else None,
-        "drafter_kind": kind, **dflash2,
+        "sliding_window_non_causal": causal is False and SLIDING in types, "drafter_kind": kind, **dflash2,
     }
     if dflash2:  # what speculators, z-lab or vLLM refuse
         problem = dflash2_problem(d["hidden_size"], d["block_size"], d["vocab_size"], dflash2["conv_kernel_size"],
@@ -422,6 +433,10 @@ def check_init_from(path: str | None, drafter_config) -> None:
                 other_target = True
     if layer_types_of(theirs) != layer_types_of(drafter_config):
         diffs.append(f"layer_types {layer_types_of(theirs)} there, {layer_types_of(drafter_config)} here")
+    causal = [not getattr(c, "sliding_window_non_causal", False) for c in (theirs, drafter_config)]
+    if causal[0] != causal[1]:
+        diffs.append(f"sliding layers {'causal' if causal[0] else 'non-causal'} in the block there (is_causal), "
+                     f"{'causal' if causal[1] else 'non-causal'} here")
     if diffs:
         fix = ("start from a drafter of this run's target (--target-model), or drop --init-from" if other_target
                else f"pass {' '.join(flags)} to build the same drafter, or drop --init-from")

@@ -6,7 +6,8 @@ the data and of --max-anchors/--block-size, not of the hardware. So the planner 
 real model and data, in one process:
 
     Rt  target tokens/s on one device (a replica on the first --target-gpus entry)
-    Rd  drafter rows/s on one device (the first --drafter-gpus entry), the full training step
+    Rd  drafter rows/s on one device (the first --drafter-gpus entry), the full training step of
+        the run's own --drafter-kind (DFlash 2's convolutions, selector and selector loss included)
     rows_per_token from the same micro-batches
 
 and with k of the node's n devices serving targets and n-k training, the drafter can do at most
@@ -160,10 +161,12 @@ def measure(args, facts: StartFacts) -> dict:
     trainer = Trainer(a, one, Status.null(), log=lambda s: None, rank=Rank())
     trainer.setup()
     assert isinstance(trainer.feed, VllmFeed if facts.servers else InProcessFeed)
+    kind = trainer.dcfg.drafter_kind  # the run's own drafter: DFlash 2's steps carry its selector loss
     try:
         recs = [trainer.train_step() for _ in range(a.max_steps)][1:]  # the first step warms up (and compiles)
     finally:
         trainer.feed.close()  # a server's answers asked for ahead are read and removed too
+    assert kind == args.drafter_kind and all(("selector_loss" in r) == (kind == "dflash2") for r in recs)
     tokens = sum(r["target_tokens"] for r in recs)
     rows = sum(r["rows"] for r in recs)
     return {"steps": len(recs), "tokens": tokens, "rows": rows,
@@ -171,7 +174,12 @@ def measure(args, facts: StartFacts) -> dict:
             "rd": rows / max(sum(r["drafter_s"] for r in recs), 1e-9),
             "rpt": rows / max(tokens, 1), "peak_gib": max(r["peak_mem_bytes"] for r in recs) / 2**30,
             "target": f"vLLM server {facts.servers[0].url}" if facts.servers else one.target_devices[0],
-            "drafter": one.drafter_devices[0]}
+            "drafter": one.drafter_devices[0], "kind": kind}
+
+
+# What one measured drafter step holds, per kind (docs/trainer.md, "--plan").
+KIND_STEP = {"dflash": "DFlash: forward, loss, backward, AdamW",
+             "dflash2": "DFlash 2: its convolutions, candidate selector and selector loss included"}
 
 
 def device_flags(devs: list[str], k: int) -> str:
@@ -206,7 +214,7 @@ def run_plan(args, facts: StartFacts, log) -> int:
     sg = args.server_gpus if facts.servers else 0
     per = f" (one micro-batch in flight; --server-gpus {sg})" if sg else ""
     log(f"plan: measured {m['steps']} step(s) after a warm-up; target on {m['target']}: {rt:,.0f} tokens/s{per}; "
-        f"drafter on {m['drafter']}: {rd:,.0f} rows/s (peak {peak:.1f} GiB); "
+        f"drafter on {m['drafter']}: {rd:,.0f} rows/s ({KIND_STEP[m['kind']]}; peak {peak:.1f} GiB); "
         f"{rpt:.3f} draft rows per target token ({m['rows'] / m['steps']:,.0f} rows, "
         f"{m['tokens'] / m['steps']:,.0f} tokens per step)")
     if sg:  # the node: the servers' GPUs and the drafters'

@@ -39,13 +39,13 @@ from .target import (
     QUANTIZED_FIX,
     check_target_config,
     checkpoint_tensors,
-    default_target_layers,
     frozen_io_names,
     is_hybrid,
     is_wrapped,
     layer_ids_problem,
     linear_attention_kernels,
     quantization_of,
+    run_target_layers,
     supported_targets_line,
     text_config_of,
     text_tensor_files,
@@ -640,7 +640,7 @@ def target_layers(cfg, f: Found):
                               "e.g. 1,9,17,25,33") from e
     else:
         try:
-            layer_ids = default_target_layers(n_layers, cfg.num_draft_layers)
+            layer_ids = run_target_layers(f.text, cfg.num_draft_layers, cfg.drafter_kind)
         except ValueError as e:
             raise ConfigError(f"--num-draft-layers {cfg.num_draft_layers}: {e}",
                               "fewer --num-draft-layers, or --target-layers with distinct ascending ids") from e
@@ -735,9 +735,12 @@ def drafter(cfg, f: Found):
     f.dcfg = dcfg = drafter_config(cfg, f.tcfg, f.layer_ids, f.mask_id)
     kinds = ", ".join(f"{dcfg.layer_types.count(k)} {k}" for k in dict.fromkeys(dcfg.layer_types))
     return (f"drafter: {dcfg.num_hidden_layers} layers ({kinds}" + (f", window {dcfg.sliding_window}"
-            if dcfg.sliding_window else "") + f"), hidden {dcfg.hidden_size}, {dcfg.num_attention_heads}/"
+            if dcfg.sliding_window else "") + (", non-causal in the block" if dcfg.sliding_window_non_causal else "")
+            + f"), hidden {dcfg.hidden_size}, {dcfg.num_attention_heads}/"
             f"{dcfg.num_key_value_heads} heads of {dcfg.head_dim}, MLP {dcfg.intermediate_size}, block "
-            f"{dcfg.block_size}, rope theta {dcfg.rope_theta:g}")
+            f"{dcfg.block_size}, rope theta {dcfg.rope_theta:g}" + (
+                f"; dflash2: {dcfg.conv_kernel_size} conv taps, conv group {dcfg.conv_group_size}, selector rank "
+                f"{dcfg.selector_rank}, top-{dcfg.selector_top_k}" if dcfg.drafter_kind == "dflash2" else ""))
 
 
 def init_from(cfg, f: Found):

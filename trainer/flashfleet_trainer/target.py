@@ -32,6 +32,7 @@ import torch.nn as nn
 from . import short_conv
 from .compilation import cache_kwarg, compile_decoder_layers, compile_note, compiled_by_default
 from .config import settings_view
+from .defaults import DFLASH2_TARGET_LAYERS
 
 
 def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -48,6 +49,19 @@ def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list
                          f"({LAYER_RULE})")
     step = (end - start) / (num_draft_layers - 1)  # >= 1, so the rounded ids stay distinct
     return [int(round(start + i * step)) for i in range(num_draft_layers)]
+
+
+def run_target_layers(text_cfg, num_draft_layers: int, drafter_kind: str = "dflash") -> list[int]:
+    """A run's target layers unless --target-layers gives them: for a DFlash 2 drafter of a hybrid
+    Qwen3.5/3.6/3.8 target the published DFlash 2 ids where its depth and draft layers are the
+    published pair (defaults.DFLASH2_TARGET_LAYERS: 64 and 5 -> [5, 19, 33, 47, 61]); else
+    `default_target_layers` (DFlash's rule)."""
+    n_layers = text_cfg.num_hidden_layers
+    if drafter_kind == "dflash2" and getattr(text_cfg, "model_type", None) in HYBRID_TEXT_TYPES:
+        published = DFLASH2_TARGET_LAYERS.get((n_layers, num_draft_layers))
+        if published:
+            return list(published)
+    return default_target_layers(n_layers, num_draft_layers)
 
 
 # vLLM gathers a DFlash drafter's target layers as tuple(sorted(set(ids))) (its models/interfaces.py):

@@ -17,6 +17,7 @@ import types
 from dataclasses import dataclass
 
 from .defaults import (
+    BLOCK_SIZE,
     DECAY_GAMMAS,
     DFLASH2,
     DRAFTER_KINDS,
@@ -159,7 +160,10 @@ class Data:
 
 @section("drafter")
 class Drafter:
-    block_size: int = setting(16, "tokens per draft block (anchor + block-size-1 predictions)", ge=2, example=16)
+    block_size: int | None = setting(
+        None, "tokens per draft block (anchor + block-size-1 predictions); default: per --drafter-kind, "
+        f"dflash {BLOCK_SIZE['dflash']} (z-lab's published DFlash drafters), dflash2 {BLOCK_SIZE['dflash2']} (the "
+        "published Qwen3.8-27B DFlash 2, speculators 0.9.0's dflash2 default)", ge=2, example=16)
     num_draft_layers: int = setting(
         5, f"drafter decoder layers (dflash-eval --random-drafter: {RANDOM_DRAFTER_LAYERS} unless given, since an untrained "
         "drafter's tau does not grow with its depth and fewer layers evaluate faster)", ge=1)

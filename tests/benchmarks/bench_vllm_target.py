@@ -23,12 +23,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from flashfleet_trainer.config import parse_args, view  # noqa: E402
+from flashfleet_trainer.config import parse_args  # noqa: E402
 from flashfleet_trainer.data import load_data  # noqa: E402
-from flashfleet_trainer.feed import FeedSettings, InProcessFeed  # noqa: E402
+from flashfleet_trainer.feed import InProcessFeed  # noqa: E402
 from flashfleet_trainer.preflight import preflight  # noqa: E402
 from flashfleet_trainer.trainer import MicroBatches  # noqa: E402
-from flashfleet_trainer.vllm_target import VllmFeed, VllmSettings, read_hidden  # noqa: E402
+from flashfleet_trainer.vllm_target import VllmFeed, read_hidden  # noqa: E402
 
 from tests.vllm_server import VllmServer  # noqa: E402
 
@@ -69,9 +69,9 @@ def main():
             vplan = preflight(args)
             rates = {"in-process": [], "vllm": []}
             for _ in range(a.repeats):
-                s, n = _timed(InProcessFeed(view(FeedSettings, ref_args), facts, "cpu", lambda s: None), data, batches)
+                s, n = _timed(InProcessFeed(ref_args, facts, "cpu", lambda s: None), data, batches)
                 rates["in-process"].append(n / s)
-                feed = VllmFeed.for_training(view(VllmSettings, args), vplan, "cpu")
+                feed = VllmFeed.for_training(args, vplan, "cpu")
                 s, n = _timed(feed, data, batches)
                 feed.close()
                 rates["vllm"].append(n / s)

@@ -8,10 +8,9 @@ import pytest
 import torch
 from flashfleet_trainer import loss as loss_mod
 from flashfleet_trainer.cli import main
-from flashfleet_trainer.config import parse_args, view
-from flashfleet_trainer.feed import FeedSettings, wants_final_state
+from flashfleet_trainer.config import parse_args
+from flashfleet_trainer.feed import wants_final_state
 from flashfleet_trainer.loss import IGNORE, drafter_loss, get_loss_fn, target_argmax_labels
-from flashfleet_trainer.vllm_target import VllmSettings
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -70,15 +69,14 @@ def test_the_gradient_reaches_the_drafter_only():
 
 
 def test_target_argmax_asks_every_feed_for_the_final_state(tmp_path):
-    """The in-process and worker feeds (FeedSettings) and the vLLM feed (VllmSettings, which then
-    loads the final norm for the last layer every server hands over) produce the final state."""
+    """The in-process and worker feeds and the vLLM feed (which then loads the final norm for the last
+    layer every server hands over) all ask wants_final_state of the run's loss section."""
     base = ["--target-model", str(tmp_path), "--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "o")]
     for extra, want in (((), False), (("--ce-target", "target-argmax"), True),
                         (("--use-soft-labels", "--kl-weight", "0"), False),
                         (("--use-soft-labels", "--kl-weight", "0", "--ce-target", "target-argmax"), True)):
         args = parse_args(base + list(extra))
-        assert wants_final_state(view(FeedSettings, args)) is want, extra
-        assert wants_final_state(view(VllmSettings, args)) is want, extra
+        assert wants_final_state(args.loss) is want, extra
 
 
 def test_a_training_run_labels_each_row_with_the_targets_argmax_at_its_position(trainer_argv, trainer_tiny,

@@ -97,9 +97,9 @@ def test_layers_of_the_trainer():
     assert not graph[t + "trainer"] & {t + "topology", t + "planner", t + "launch"}
     # a module that only raises or catches a run's errors imports errors, not the command line's parser
     assert not {m for m in graph[t + "errors"] if m.startswith(t)}
-    # config: the parser's users, and the modules that declare or build settings views (config.view)
-    assert importers[t + "config"] <= {t + "cli", t + "preflight", t + "vllm_target", t + "evaluate", t + "feed",
-                                       t + "target", t + "trainer", t + "topology"}
+    # config is the command line: its parser's users (dflash-train's cli, dflash-eval in evaluate) and
+    # parse_devices'; the modules handed the parsed settings import their type, RunConfig, from the plan
+    assert importers[t + "config"] <= {t + "cli", t + "preflight", t + "vllm_target", t + "evaluate"}
 
 
 def test_finds_a_cycle_through_relative_and_function_level_imports(tmp_path):

@@ -114,8 +114,8 @@ def test_a_rank_fed_by_servers_borrows_a_replica_for_each_interval_evaluation(tr
     """With the target in vLLM the rank borrows a replica onto its own device for each interval
     evaluation, as the final evaluation does, and lets it go after (mid-run the drafter's device
     holds only what --check counted)."""
-    from flashfleet_trainer.config import parse_args, view
-    from flashfleet_trainer.feed import FeedSettings, InProcessFeed
+    from flashfleet_trainer.config import parse_args
+    from flashfleet_trainer.feed import InProcessFeed
     from flashfleet_trainer.preflight import preflight
     from flashfleet_trainer.trainer import run_rank
 
@@ -133,7 +133,7 @@ def test_a_rank_fed_by_servers_borrows_a_replica_for_each_interval_evaluation(tr
 
     Trainer.interval_eval = watch
     try:
-        feed = _ServedElsewhere(InProcessFeed(view(FeedSettings, args), facts, "cpu", lambda s: None))
+        feed = _ServedElsewhere(InProcessFeed(args, facts, "cpu", lambda s: None))
         assert run_rank(args, facts, log=print, feed=feed) == "completed"
     finally:
         Trainer.interval_eval = orig

@@ -26,9 +26,9 @@ import torch
 from flashfleet.contract import messages
 from flashfleet.contract.messages import EX_CONFIG
 from flashfleet_trainer.cli import main
-from flashfleet_trainer.config import parse_args, view
+from flashfleet_trainer.config import parse_args
 from flashfleet_trainer.data import load_data
-from flashfleet_trainer.feed import FeedSettings, InProcessFeed, wants_final_state
+from flashfleet_trainer.feed import InProcessFeed, wants_final_state
 from flashfleet_trainer.preflight import preflight
 from flashfleet_trainer.trainer import MicroBatches
 from flashfleet_trainer.vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
@@ -36,7 +36,6 @@ from flashfleet_trainer.vllm_target import (
     WAIT_LOG_S,
     TargetServerError,
     VllmFeed,
-    VllmSettings,
     check_hidden,
     read_hidden,
     serve_argv,
@@ -190,10 +189,10 @@ def servers(tiny, tmp_path_factory):
 def test_features_from_the_server_equal_the_in_process_targets(servers, argv):
     args = parse_args(argv("--use-soft-labels", "--target-servers", servers[0].url))
     facts = preflight(args)
-    assert wants_final_state(view(FeedSettings, args))
+    assert wants_final_state(args.loss)
     ref_args = parse_args(argv("--use-soft-labels"))
-    ref = InProcessFeed(view(FeedSettings, ref_args), preflight(ref_args), "cpu", lambda s: None)
-    feed = VllmFeed.for_training(view(VllmSettings, args), facts, "cpu")
+    ref = InProcessFeed(ref_args, preflight(ref_args), "cpu", lambda s: None)
+    feed = VllmFeed.for_training(args, facts, "cpu")
     data = load_data(args.data_dir, args.max_seq_len, facts.vocab_size)
     batches = MicroBatches(data.lengths, args).epoch(0)[:3]
     ref.start(data, iter([]))
@@ -345,8 +344,8 @@ def test_a_final_evaluation_that_cannot_fit_beside_the_drafter_is_refused_at_che
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=48e9))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (47e9, 48e9))
-    real = pf.target_weights
-    monkeypatch.setattr(pf, "target_weights", lambda d: types.SimpleNamespace(
+    real = pf.read_target_weights
+    monkeypatch.setattr(pf, "read_target_weights", lambda d: types.SimpleNamespace(
         params=26e9, nbytes=52e9, wrapped=False, skipped=0, shapes=real(d).shapes))  # a 26B target's headers
     argv = trainer_argv("--target-servers", "http://127.0.0.1:8100", "--drafter-gpus", "0", "--check")
     assert main([*argv, "--eval-num-prompts", "4", "--eval-interval", "0"]) == EX_CONFIG

@@ -2,22 +2,26 @@
 
 `RunConfig` (flashfleet.plan.settings, below the trainer and the controller) is the definition: one
 field per setting in the section that owns it, with its type, default, one-line doc, bounds or
-choices. The command line (`build_parser`), `--config PATH.json` loading,
-`--help`, the range checks (`check_bounds`) and the flag table of docs/trainer.md (`markdown_table`)
-are all generated from it; the rules that relate two settings are in `check_rules`.
+choices; `parse_args` returns a frozen instance of it. The command line (`build_parser`),
+`--config PATH.json` loading, `--help`, the range checks (`check_bounds`) and the flag table of
+docs/trainer.md (`markdown_table`) are all generated from it; the rules that relate two settings
+are in `check_rules`.
 
 A systemd unit runs `dflash-train --config /etc/flashfleet/runs/<run>.json`; the JSON object's
-keys are the fields' names ("target_model", "use_soft_labels": true, ...). Flags given explicitly
-on the command line override the JSON. Deterministic configuration problems raise ConfigError,
-which the CLI prints as ONE line and turns into exit code 78 (EX_CONFIG), the code the unit is
-told not to restart on.
+keys are the fields' names ("target_model", "use_soft_labels": true, ...). The command line is
+parsed once; a flag given on it overrides the JSON. Deterministic configuration problems raise
+ConfigError, which the CLI prints as ONE line and turns into exit code 78 (EX_CONFIG), the code the
+unit is told not to restart on.
 
-Who reads what: the orchestration modules (trainer.py's Trainer and run_rank, preflight.py,
-topology.py, planner.py, launch.py) read the whole parsed configuration, as one training script
-would. Every other module reads a view: a frozen dataclass declared next to its code with
-@settings_view, listing exactly the fields it reads under RunConfig's names and types
-(evaluate.EvalSettings, feed.FeedSettings, target.TargetSettings, vllm_target.VllmSettings); the
-caller builds it once with `view(cls, args)` and passes it on.
+Who reads what: every module is handed the one frozen RunConfig (`cfg`; the orchestration
+modules still call it `args`), which nothing changes after parse_args (planner.py measures with
+`cfg.replace(...)`, a copy). The orchestration modules (trainer.py's Trainer and run_rank,
+preflight.py, topology.py, planner.py, launch.py) read settings by their flat names, as one
+training script would; the others read them through the section that owns them
+(`cfg.loss.kl_weight`, `cfg.eval.eval_top_p`), or are handed that section alone
+(`feed.wants_final_state(cfg.loss)`). A misspelt name raises AttributeError at its first read, and
+tests/unit/test_config_parse.py finds every `cfg.SECTION.NAME` in the package that names no field
+of that section.
 """
 
 import argparse
@@ -27,38 +31,12 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
 
 from flashfleet.plan import gpus
 from flashfleet.plan.defaults import BLOCK_SIZE
 from flashfleet.plan.settings import FIELDS, RunConfig, base_type  # noqa: F401 (the definition, read through here)
 
 from .errors import CliParser, ConfigError
-
-# ---- views: the settings one module reads ----------------------------------------------------------
-
-VIEWS: list[type] = []  # every class declared with @settings_view (a test checks each against RunConfig)
-
-
-def settings_view(cls):
-    """Class decorator: `cls`, annotated with the RunConfig fields its module reads (same names, same
-    types), becomes a frozen dataclass, that module's view of the run configuration. A name that is
-    no RunConfig field is refused here, when the module is imported."""
-    cls = dataclass(frozen=True)(cls)
-    unknown = [f.name for f in dataclasses.fields(cls) if f.name not in FIELDS]
-    if unknown:
-        raise TypeError(f"settings view {cls.__module__}.{cls.__qualname__} names {', '.join(unknown)}, not "
-                        "RunConfig field(s): name its fields as RunConfig does, or add the setting to RunConfig")
-    VIEWS.append(cls)
-    return cls
-
-
-def view(cls, args):
-    """The view `cls` (a @settings_view class) of the parsed configuration `args`, or of a larger view
-    that holds its fields: built once by the caller and passed to the module that reads it."""
-    if cls not in VIEWS:
-        raise TypeError(f"{cls.__qualname__} is not a settings view: declare it with @config.settings_view")
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def flag(name: str) -> str:
@@ -89,7 +67,9 @@ def help_text(f: dataclasses.Field) -> str:
 
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(given_only: bool = False) -> argparse.ArgumentParser:
+    """dflash-train's command line. given_only: no defaults, so that a parse holds only the flags
+    given (parse_args puts them over --config's JSON and the fields' defaults); --help is the same."""
     p = CliParser(
         prog="dflash-train",
         description="Train a DFlash block-diffusion drafter on hidden states of a frozen target model.",
@@ -102,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     for f in FIELDS.values():
         group = groups.get(f.metadata["group"]) or groups.setdefault(
             f.metadata["group"], p.add_argument_group(f.metadata["group"]))
-        add_setting(group, f.name)
+        add_setting(group, f.name, default=argparse.SUPPRESS if given_only else dataclasses.MISSING)
     return p
 
 
@@ -123,14 +103,15 @@ def add_setting(parser: argparse.ArgumentParser, name: str, *aliases: str, defau
     parser.add_argument(flag(name), *aliases, **kw)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """argv -> Namespace with --config merged underneath explicit flags. Raises ConfigError."""
-    parser = build_parser()
-    argv = numbers_as_values(parser, list(sys.argv[1:] if argv is None else argv))
-    first = parser.parse_args(argv)
-    if first.config:
-        parser.set_defaults(**load_config_file(first.config))
-        first = parser.parse_args(argv)
+def parse_args(argv=None) -> RunConfig:
+    """argv -> the run's frozen RunConfig, parsed once: each setting is its flag when given, else
+    its --config JSON key, else its field's default; then checked. Raises ConfigError."""
+    parser = build_parser(given_only=True)
+    given = vars(parser.parse_args(numbers_as_values(parser, list(sys.argv[1:] if argv is None else argv))))
+    values = {name: f.default for name, f in FIELDS.items()}
+    if given.get("config"):
+        values.update(load_config_file(given["config"]))
+    first = argparse.Namespace(**{**values, **given})  # checked (and completed) here, then frozen
     for f in FIELDS.values():
         if f.metadata["required"] and not getattr(first, f.name):
             raise ConfigError(f"{flag(f.name)} is required", f"pass it or set \"{f.name}\" in --config")
@@ -138,7 +119,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     kind_defaults(first)
     check_bounds(first)
     check_rules(first)
-    return first
+    return RunConfig.from_flat(vars(first))
 
 
 def kind_defaults(args) -> None:
@@ -149,9 +130,9 @@ def kind_defaults(args) -> None:
 
 
 def load_config_file(path: str) -> dict:
-    """--config's JSON object -> values for the parser's defaults: known keys only, each of its
-    field's JSON type (argparse converts a JSON string as it converts a flag's value; its bounds are
-    checked after the merge, like a flag's)."""
+    """--config's JSON object -> {field name: value}: known keys only, each of its field's JSON type
+    (a JSON string of a number field is converted as its flag's value is; its bounds are checked
+    after the merge, like a flag's)."""
     try:
         with open(path) as f:
             values = json.load(f)
@@ -169,6 +150,12 @@ def load_config_file(path: str) -> dict:
     out = {}
     for key, v in values.items():
         want = base_type(FIELDS[key])
+        if want in (int, float) and isinstance(v, str):
+            try:
+                v = want(v)
+            except ValueError:
+                raise ConfigError(f"--config key {key}: invalid {want.__name__} value: {v!r}",
+                                  f"write \"{key}\": a number") from None
         if want is bool and not isinstance(v, bool):
             raise ConfigError(f"--config key {key} must be true or false", f"write \"{key}\": true")
         if want is str and v is not None and not isinstance(v, str):

@@ -54,11 +54,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from flashfleet.contract import layout
+from flashfleet.plan.settings import RunConfig
 
 from . import hybrid_cache
 from .attention import block_attention_inputs, layer_windows
 from .chat_template import reads_thinking, thinking_kwargs
-from .config import settings_view
 from .data import Blocks
 from .defaults import BLOCK_SIZE, RANDOM_DRAFTER_LAYERS
 from .drafter import DFlashDrafter, DrafterConfig, default_mask_token_id, drafter_hidden
@@ -340,55 +340,38 @@ def speculative_tau(producer, drafter, prompts, block_size, max_new_tokens=64, m
 
 # ---- evaluation, wherever the replica is -----------------------------------------------------
 
-@settings_view
-class EvalSettings:
-    """The run's settings an evaluation during training reads (Trainer.evaluate, worker_eval)."""
-
-    target_model: str | None
-    eval_prompts: str | None
-    data_dir: str | None
-    block_size: int
-    eval_max_new_tokens: int
-    eval_temperature: float
-    eval_top_p: float
-    eval_top_k: int
-    eval_thinking: str
-    eval_interval_prompts: int
-    seed: int
-
-
-def eval_wanted(s: EvalSettings, n) -> bool:
+def eval_wanted(cfg: RunConfig, n) -> bool:
     """Whether an evaluation of n prompts per set has prompts to run."""
-    return n > 0 and Path(run_prompts_path(s.eval_prompts, s.data_dir)).is_file()
+    return n > 0 and Path(run_prompts_path(cfg.eval.eval_prompts, cfg.paths.data_dir)).is_file()
 
 
 def eval_sampling(s) -> Sampling:
-    """The run's (or dflash-eval's) sampling settings."""
+    """The sampling settings of the run's eval section (RunConfig.eval), or of dflash-eval's flags."""
     return Sampling(s.eval_temperature, s.eval_top_p, s.eval_top_k)
 
 
-def evaluate_drafter(s: EvalSettings, producer, drafter, n, kind) -> dict:
+def evaluate_drafter(cfg: RunConfig, producer, drafter, n, kind) -> dict:
     """tau of `drafter` against the replica `producer` on the first n held-out prompts of each set:
     evaluate.speculative_tau's figures (without per_prompt), `eval` = kind and `eval_s`. Run by a
     drafter rank (trainer.Trainer.evaluate), or by a target worker for one (worker_eval)."""
     t0 = time.perf_counter()
     info = {}
-    sets = load_prompt_sets(run_prompts_path(s.eval_prompts, s.data_dir), n, _tokenizer_of(s.target_model),
-                            s.eval_thinking, info)
+    sets = load_prompt_sets(run_prompts_path(cfg.eval.eval_prompts, cfg.paths.data_dir), n,
+                            _tokenizer_of(cfg.paths.target_model), cfg.eval.eval_thinking, info)
     res = speculative_tau(producer, drafter, sets if len(sets) > 1 else next(iter(sets.values())),
-                          s.block_size, s.eval_max_new_tokens, sampling=eval_sampling(s), seed=s.seed,
-                          thinking=info["thinking"])
+                          cfg.drafter.block_size, cfg.eval.eval_max_new_tokens, sampling=eval_sampling(cfg.eval),
+                          seed=cfg.optimisation.seed, thinking=info["thinking"])
     res.pop("per_prompt")
     return {**res, "eval": kind, "eval_s": time.perf_counter() - t0}
 
 
-def worker_eval(s: EvalSettings, producer, device, request) -> dict:
+def worker_eval(cfg: RunConfig, producer, device, request) -> dict:
     """A target worker's side of feed.EvalRequest: the drafter rebuilt on the worker's device from
     the request's config and weights (copied off the sender's memory at once), evaluated on this
     worker's replica with the interval evaluation's prompts."""
     drafter = DFlashDrafter(DrafterConfig.from_dict(request.config)).to(device)
     drafter.load_state_dict(request.weights)
-    res = evaluate_drafter(s, producer, drafter, s.eval_interval_prompts, "interval")
+    res = evaluate_drafter(cfg, producer, drafter, cfg.eval.eval_interval_prompts, "interval")
     del drafter
     return res
 

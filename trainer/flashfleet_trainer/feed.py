@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from flashfleet.plan.settings import RunConfig
 
-from .config import settings_view, view
-from .evaluate import EvalSettings, worker_eval
-from .target import HiddenStateProducer, TargetSettings
+from .evaluate import worker_eval
+from .target import HiddenStateProducer
 
 
 @dataclass
@@ -73,25 +73,12 @@ def _sync(devices):
             torch.cuda.synchronize(d)
 
 
-@settings_view
-class FeedSettings:
-    """The run's settings a feed reads: the in-process target's (target.TargetSettings), and the
-    loss settings that decide whether the target's final state goes with its features."""
-
-    target_model: str | None
-    target_compile: str
-    use_soft_labels: bool
-    kl_weight: float
-    ce_target: str
-
-
-def wants_final_state(s: FeedSettings) -> bool:
+def wants_final_state(loss) -> bool:
     """Whether the target's final normed state goes with its features: only the loss's teacher logits
     read it (the KL term: soft labels with a KL weight above 0; the CE label: --ce-target
     target-argmax); otherwise the target's forward stops at its deepest feature layer and the trainer
-    gathers no teacher rows. `s`: any view holding use_soft_labels, kl_weight and ce_target
-    (vllm_target.VllmSettings has them too)."""
-    return (s.use_soft_labels and s.kl_weight > 0) or s.ce_target == "target-argmax"
+    gathers no teacher rows. `loss`: the run's loss section (RunConfig.loss)."""
+    return (loss.use_soft_labels and loss.kl_weight > 0) or loss.ce_target == "target-argmax"
 
 
 @dataclass
@@ -110,12 +97,12 @@ class EvalRequest:
 EVAL = "eval"  # an answer's first field when it is an evaluation's record, not a micro-batch's features
 
 
-def answer(producer, device, request, want_last, by_drafter, eval_settings: EvalSettings | None = None):
+def answer(producer, device, request, want_last, by_drafter, cfg: RunConfig | None = None):
     """One request (drafter, key, ids, lengths) served by `producer` on `device`: (drafter, reply),
     the reply in QueueFeed's format, its seconds those of the target alone. An EvalRequest is
-    evaluated on this replica instead (needs `eval_settings`): (drafter, (EVAL, step, record))."""
+    evaluated on this replica instead (needs the run's `cfg`): (drafter, (EVAL, step, record))."""
     if isinstance(request, EvalRequest):
-        return request.drafter, (EVAL, request.step, worker_eval(eval_settings, producer, device, request))
+        return request.drafter, (EVAL, request.step, worker_eval(cfg, producer, device, request))
     drafter, key, ids, lengths = request
     t0 = time.perf_counter()
     feats, last = producer.forward_batch(ids, lengths, want_last=want_last)
@@ -129,12 +116,11 @@ class InProcessFeed(Feed):
     It also hands the Trainer the target's embedding and LM head (`embed_weight`, `lm_head_weight`)
     and the producer itself (evaluation reuses it), so the target is loaded once."""
 
-    def __init__(self, s: FeedSettings, facts, device, log):
-        self.producer = HiddenStateProducer.for_training(view(TargetSettings, s), facts.target_devices,
-                                                         facts.layer_ids, device, log)
+    def __init__(self, cfg: RunConfig, facts, device, log):
+        self.producer = HiddenStateProducer.for_training(cfg, facts.target_devices, facts.layer_ids, device, log)
         self.embed_weight, self.lm_head_weight = self.producer.embed_weight, self.producer.lm_head_weight
         self.devices = facts.target_devices + [device]
-        self.want_last = wants_final_state(s)
+        self.want_last = wants_final_state(cfg.loss)
         self.data = None  # set by start()
 
     def start(self, data, upcoming):
@@ -164,9 +150,9 @@ class QueueFeed(Feed):
     POLL_S = 0.05  # with a replica of its own and no request left to serve: how long to wait for an answer
 
     def __init__(self, requests, replies, local_rank, depth, device, local=None, all_replies=None, want_last=True,
-                 eval_settings: EvalSettings | None = None):
+                 cfg: RunConfig | None = None):
         self.requests, self.replies, self.local_rank = requests, replies, local_rank
-        self.eval_settings = eval_settings  # a replica of its own may take another rank's EvalRequest
+        self.cfg = cfg  # the run's settings: a replica of its own may take another rank's EvalRequest
         self.evals = []  # (step, record) of evaluations a replica finished for this rank, not yet taken
         self.depth, self.device = depth, device
         self.local, self.all_replies, self.want_last = local, all_replies, want_last
@@ -247,7 +233,7 @@ class QueueFeed(Feed):
             return 0.0  # every request is with a target worker (or about to be): its answer is coming
         _sync([self.device])  # this rank's queued work first, so the serve's seconds are the target's alone
         drafter, reply = answer(self.local, self.device, request, self.want_last, by_drafter=True,
-                                eval_settings=self.eval_settings)
+                                cfg=self.cfg)
         self.served += 1
         if drafter == self.local_rank:
             self._keep(reply)

@@ -41,7 +41,6 @@ and the --drafter-gpus. A server's Rt at that concurrency is a floor for one tha
 ranks with deeper queues keep busier; rates measured on a CPU server are no GPU estimate.
 """
 
-import copy
 import dataclasses
 import os
 
@@ -149,15 +148,14 @@ def headroom_line(row: dict, max_anchors: int, peak_gib: float, serve: bool, ser
 def measure(args, facts: StartFacts) -> dict:
     """A warm-up and --plan-steps training steps of one drafter rank in this process, fed by one
     target replica or, with servers, by the first vLLM server: Rt, Rd, rows_per_token, the peak."""
-    a = copy.copy(args)
-    a.resume, a.max_steps, a.eval_num_prompts = "never", args.plan_steps + 1, 0
+    a = args.replace(resume="never", max_steps=args.plan_steps + 1, eval_num_prompts=0)
     one = dataclasses.replace(facts, target_devices=facts.target_devices[:1], drafter_devices=facts.drafter_devices[:1],
                               servers=facts.servers[:1])
     if facts.servers:
         # One micro-batch in flight: the feed's target_s (its slowest request, all sent at once) then
         # adds up to the seconds the server was busy; deeper, the micro-batches overlap at the server
         # and the same seconds would count twice.
-        a.target_servers, a.queue_depth = facts.servers[0].url, 1
+        a = a.replace(target_servers=facts.servers[0].url, queue_depth=1)
     trainer = Trainer(a, one, Status.null(), log=lambda s: None, rank=Rank())
     trainer.setup()
     assert isinstance(trainer.feed, VllmFeed if facts.servers else InProcessFeed)

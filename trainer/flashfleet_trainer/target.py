@@ -28,10 +28,10 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
+from flashfleet.plan.settings import RunConfig
 
 from . import short_conv
 from .compilation import cache_kwarg, compile_decoder_layers, compile_note, compiled_by_default
-from .config import settings_view
 from .defaults import DFLASH2_TARGET_LAYERS
 
 
@@ -285,14 +285,6 @@ def length_groups(lengths: list[int], slack: float = PADDING_SLACK) -> list[list
     return groups
 
 
-@settings_view
-class TargetSettings:
-    """The run's settings a training replica of the target reads (HiddenStateProducer.for_training)."""
-
-    target_model: str | None
-    target_compile: str
-
-
 class HiddenStateProducer:
     """The frozen target, one replica per target device; produces features for micro-batches.
 
@@ -332,11 +324,11 @@ class HiddenStateProducer:
         self.lm_head_weight = model.get_output_embeddings().weight.detach().to(out_device)
 
     @classmethod
-    def for_training(cls, s: TargetSettings, devices, layer_ids, out_device, on_status=None):
-        """A training feed's producer: dflash-train's --target-model, its layers compiled unless
+    def for_training(cls, cfg: RunConfig, devices, layer_ids, out_device, on_status=None):
+        """A training feed's producer: the run's --target-model, its layers compiled unless
         --target-compile off."""
-        return cls(s.target_model, devices, layer_ids, out_device, on_status=on_status,
-                   compile_layers=s.target_compile != "off")
+        return cls(cfg.paths.target_model, devices, layer_ids, out_device, on_status=on_status,
+                   compile_layers=cfg.drafter.target_compile != "off")
 
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, replica=None, past_key_values=None, want_last=True):

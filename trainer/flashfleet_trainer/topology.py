@@ -65,14 +65,13 @@ import torch
 import torch.multiprocessing as mp
 from flashfleet.contract import messages
 from flashfleet.contract.messages import EX_CONFIG, EX_NONFINITE
+from flashfleet.plan.settings import RunConfig
 
-from .config import view
 from .errors import ConfigError, NonFiniteLoss
-from .evaluate import EvalSettings
-from .feed import FeedSettings, QueueFeed, answer, wants_final_state
+from .feed import QueueFeed, answer, wants_final_state
 from .metrics import Status
 from .notify import Notifier
-from .target import HiddenStateProducer, TargetSettings
+from .target import HiddenStateProducer
 from .trainer import Rank, run_rank
 
 HEARTBEAT_S = 1.0
@@ -120,13 +119,13 @@ class QueueNotifier(Notifier):
 
 # ---- target worker ---------------------------------------------------------------------------
 
-def load_target(index, name, device, target: TargetSettings, layer_ids, events):
+def load_target(index, name, device, cfg: RunConfig, layer_ids, events):
     """A target replica's producer (a worker's, or a serving drafter rank's: `name`), loaded; the main
     process is told, and, when the layers compile in the first micro-batch, why that one will be
     slow (its status line)."""
     from .compilation import compile_note
 
-    producer = HiddenStateProducer.for_training(target, [device], layer_ids, device)
+    producer = HiddenStateProducer.for_training(cfg, [device], layer_ids, device)
     events.put(("loaded", index))
     if producer.compiled_layers:
         events.put(("status", f"{name}: {compile_note(producer.compiled_layers)}"))
@@ -143,15 +142,15 @@ def target_worker(index, device, args, layer_ids, requests, replies, events, n_p
         _cpu_threads(n_procs)
     else:
         torch.cuda.set_device(device)
-    producer = load_target(index, f"target worker {index}", device, view(TargetSettings, args), layer_ids, events)
+    producer = load_target(index, f"target worker {index}", device, args, layer_ids, events)
     for q in replies:
         q.cancel_join_thread()  # replies nobody reads any more must not block this process's exit
-    want_last, evals = wants_final_state(view(FeedSettings, args)), view(EvalSettings, args)
+    want_last = wants_final_state(args.loss)
     while True:
         req = requests.get()
         if req is None:
             return
-        drafter, reply = answer(producer, device, req, want_last, by_drafter=False, eval_settings=evals)
+        drafter, reply = answer(producer, device, req, want_last, by_drafter=False, cfg=args)
         replies[drafter].put(reply)
         del reply, req  # an evaluation's weights (CUDA: the sender's memory) are let go at once
 
@@ -184,10 +183,10 @@ def drafter_rank(local_rank, rank, world, n_targets, args, facts, store_addr, re
         local = None
         if args.drafter_serves_target:  # a replica of its own, counted after the node's target workers
             local = load_target(len(facts.target_devices) + local_rank, f"drafter rank {rank}'s target", device,
-                                view(TargetSettings, args), facts.layer_ids, events)
+                                args, facts.layer_ids, events)
         feed = None if args.target_servers else QueueFeed(  # None: the Trainer asks the vLLM servers itself
             requests, replies[local_rank], local_rank, depth, device, local=local, all_replies=replies,
-            want_last=wants_final_state(view(FeedSettings, args)), eval_settings=view(EvalSettings, args))
+            want_last=wants_final_state(args.loss), cfg=args)
         r = Rank(rank=rank, world=world, local_rank=local_rank, n_targets=n_targets,
                  notifier=QueueNotifier(events) if local_rank == 0 else Notifier.null(), stop_event=stop_event,
                  main_pid=main_pid)

@@ -32,17 +32,17 @@ import torch
 import torch.distributed as dist
 from flashfleet.contract import layout, messages
 from flashfleet.contract import metrics as contract
+from flashfleet.plan.settings import RunConfig
 
 from . import checkpoint as ckpt
 from . import wandb_compat
 from .attention import SparseAttention, flex_layouts, resolve_attn_impl
-from .config import view
 from .data import Blocks, build_blocks, load_data, pack_epoch, sample_anchors
 from .dflash2 import selector_loss
 from .drafter import DFlashDrafter, DrafterConfig, drafter_hidden, gather_rows
 from .errors import ConfigError, NonFiniteLoss
-from .evaluate import EvalSettings, eval_wanted, evaluate_drafter
-from .feed import Feed, FeedSettings, InProcessFeed, wants_final_state
+from .evaluate import eval_wanted, evaluate_drafter
+from .feed import Feed, InProcessFeed, wants_final_state
 from .loadwatch import LoadWatch
 from .loss import IGNORE, acceptance_proxy, drafter_loss, get_loss_fn
 from .metrics import MetricsLog, Status, begin_run
@@ -50,7 +50,7 @@ from .notify import Notifier
 from .optim import adamw, clipped_step
 from .preflight import StartFacts
 from .target import HiddenStateProducer, load_frozen_io
-from .vllm_target import VllmFeed, VllmSettings
+from .vllm_target import VllmFeed
 
 # ---- schedules -----------------------------------------------------------------------------------
 
@@ -224,14 +224,13 @@ class Trainer:
     """One drafter rank. __init__ only records where it sits; setup() loads (target or frozen I/O,
     data, drafter, optimizer, checkpoint); train() runs the loop."""
 
-    def __init__(self, args, facts: StartFacts, status: Status, log=print, rank: Rank | None = None,
+    def __init__(self, args: RunConfig, facts: StartFacts, status: Status, log=print, rank: Rank | None = None,
                  feed: Feed | None = None):
         self.args, self.facts, self.status, self.log = args, facts, status, log
         self.r = rank or Rank()
         self.dev = facts.drafter_devices[self.r.local_rank]
         self.dcfg = facts.drafter_config
-        self.eval_settings = view(EvalSettings, args)  # what evaluate.py reads
-        self.want_last = wants_final_state(view(FeedSettings, args))  # the loss reads the target's final state
+        self.want_last = wants_final_state(args.loss)  # the loss reads the target's final state
         self.per_step = args.grad_accum * self.r.world  # micro-batches per optimizer step, all ranks together
         self.out = Path(args.output_dir)
         self.ckpt_root = self.out / layout.CHECKPOINTS
@@ -274,11 +273,11 @@ class Trainer:
         if self.dev.startswith("cuda"):
             torch.cuda.set_device(self.dev)
         if self.feed is None and a.target_servers:  # the target runs in vLLM (vllm_target)
-            self.feed = VllmFeed.for_training(view(VllmSettings, a), p, self.dev, self.log)
+            self.feed = VllmFeed.for_training(a, p, self.dev, self.log)
         elif self.feed is None:
             self.r.notifier.status("loading target")
             with LoadWatch(a.target_model, self.r.notifier, self.status):  # progress; start timeout extended
-                self.feed = InProcessFeed(view(FeedSettings, a), p, self.dev, lambda s: (self.r.notifier.status(s), self.log(s)))
+                self.feed = InProcessFeed(a, p, self.dev, lambda s: (self.r.notifier.status(s), self.log(s)))
             self.producer = self.feed.producer
         else:  # a queue feed (with --drafter-serves-target it holds this rank's own replica), or vLLM's
             self.producer = getattr(self.feed, "local", None)
@@ -595,7 +594,7 @@ class Trainer:
             "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
             "rng": {"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-            "args": vars(self.args), "total_steps": self.total_steps, "world": self.r.world,
+            "args": self.args.to_flat(), "total_steps": self.total_steps, "world": self.r.world,
         }
         path = ckpt.save_checkpoint(self.ckpt_root, self.step, self.drafter.state_dict(), self.dcfg.to_dict(), state,
                                     keep=self.args.keep_checkpoints)
@@ -608,11 +607,11 @@ class Trainer:
         evaluate.speculative_tau's figures plus `eval` (final | interval) and `eval_s`, or None."""
         a = self.args
         n = a.eval_num_prompts if num_prompts is None else num_prompts
-        if not eval_wanted(self.eval_settings, n):
+        if not eval_wanted(a, n):
             return None
         if self.producer is None:  # a drafter rank without a target of its own borrows one for evaluation
             self.producer = HiddenStateProducer(a.target_model, [self.dev], self.facts.layer_ids, self.dev)
-        return evaluate_drafter(self.eval_settings, self.producer, self.drafter, n, kind)
+        return evaluate_drafter(a, self.producer, self.drafter, n, kind)
 
     EVAL_BUDGET = 0.05  # interval evaluations may use at most this share of the training's wall time
     # Where target workers feed this rank (feed.QueueFeed without a replica of its own), an interval
@@ -634,7 +633,7 @@ class Trainer:
                      f"{self.eval_spent_s:.0f} s of {elapsed_s:.0f} s (budget {self.EVAL_BUDGET:.0%})")
             return
         a = self.args
-        if not eval_wanted(self.eval_settings, a.eval_interval_prompts):
+        if not eval_wanted(a, a.eval_interval_prompts):
             return
         if self.producer is None and hasattr(self.feed, "submit_eval"):
             if self.eval_pending is not None:
@@ -835,10 +834,10 @@ def run_rank(args, facts: StartFacts, log=print, on_step=None, rank: Rank | None
         start = begin_run(out, args.wandb_run_name or out.resolve().name) if r.is_main else None
         trainer.setup()
         if r.is_main:
-            (out / layout.RUN_CONFIG).write_text(json.dumps(vars(args), indent=1, default=str) + "\n")
+            (out / layout.RUN_CONFIG).write_text(json.dumps(args.to_flat(), indent=1, default=str) + "\n")
             metrics = MetricsLog(out, start.invocation)  # its first step supersedes (contract.metrics)
             wandb_run = wandb_compat.WandbRun(args.wandb_project, args.wandb_run_name, facts.wandb_settings,
-                                              vars(args), out, run_id=start.wandb_id)
+                                              args.to_flat(), out, run_id=start.wandb_id)
             log(f"start {start.invocation} of this run at step {trainer.step} (W&B id {start.wandb_id})")
         else:
             metrics, wandb_run = MetricsLog.null(), None

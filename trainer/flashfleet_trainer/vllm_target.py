@@ -33,8 +33,9 @@ from urllib.parse import urlparse
 
 import torch
 from flashfleet.contract.messages import TARGET_SERVER
+from flashfleet.plan.settings import RunConfig
 
-from .config import parse_devices, settings_view
+from .config import parse_devices
 from .errors import ConfigError, TargetServerError, UnreachableServerError
 from .feed import Features, pad_batch, wants_final_state
 from .vllm_format import HIDDEN_KEY, LAYER_IDS_KEY, TOKENS_KEY, server_layer_ids
@@ -200,23 +201,6 @@ def check_hidden(tensors: dict, sent, want_ids, url: str, hidden: int | None = N
     return h
 
 
-@settings_view
-class VllmSettings:
-    """The run's settings a feed over vLLM servers reads (VllmFeed.for_training, ServerCheck)."""
-
-    target_model: str | None
-    target_servers: str | None
-    max_seq_len: int
-    max_batch_size: int
-    queue_depth: int
-    use_soft_labels: bool
-    kl_weight: float
-    ce_target: str
-    server_check_every: int
-    server_check_device: str
-    server_check_tol: float
-
-
 class ServerCheck:
     """--server-check-every N: at the first micro-batch and every N after, the features of its first
     sequence from the server against this process's own target (--server-check-device, loaded
@@ -224,12 +208,13 @@ class ServerCheck:
     model or revision, a wrong dtype or quantization, an engine bug (the zero features vLLM gave
     hybrid targets before mid-2026 were one)."""
 
-    def __init__(self, s: VllmSettings, layer_ids, log):
+    def __init__(self, cfg: RunConfig, layer_ids, log):
         from .target import HiddenStateProducer
 
-        self.every, self.tol, self.log, self.seen = s.server_check_every, s.server_check_tol, log, 0
-        self.device = parse_devices(s.server_check_device, "--server-check-device")[0]
-        self.producer = HiddenStateProducer(s.target_model, [self.device], layer_ids, self.device)
+        self.every, self.tol = cfg.topology.server_check_every, cfg.topology.server_check_tol
+        self.log, self.seen = log, 0
+        self.device = parse_devices(cfg.topology.server_check_device, "--server-check-device")[0]
+        self.producer = HiddenStateProducer(cfg.paths.target_model, [self.device], layer_ids, self.device)
 
     def due(self) -> bool:
         due = self.seen % self.every == 0
@@ -271,19 +256,19 @@ class VllmFeed:
         self.data = self.upcoming = None
 
     @classmethod
-    def for_training(cls, s: VllmSettings, facts, device, log=print) -> "VllmFeed":
+    def for_training(cls, cfg: RunConfig, facts, device, log=print) -> "VllmFeed":
         """A drafter rank's feed over the servers preflight checked (facts.servers), with the target's
         final norm on `device` when the loss reads the final state, and the --server-check-every check."""
         from .target import load_final_norm
 
         hidden = facts.drafter_config.hidden_size
-        servers = facts.servers or check_servers(s.target_servers, facts.layer_ids, facts.num_target_layers,
-                                                 s.max_seq_len, facts.vocab_size, hidden)[0]
+        servers = facts.servers or check_servers(cfg.topology.target_servers, facts.layer_ids, facts.num_target_layers,
+                                                 cfg.data.max_seq_len, facts.vocab_size, hidden)[0]
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        norm = load_final_norm(s.target_model, device, dtype) if wants_final_state(s) else None
-        check = ServerCheck(s, facts.layer_ids, log) if s.server_check_every else None
-        return cls(servers, facts.layer_ids, facts.num_target_layers, norm, device, s.queue_depth or 2,
-                   s.max_batch_size, hidden, check)
+        norm = load_final_norm(cfg.paths.target_model, device, dtype) if wants_final_state(cfg.loss) else None
+        check = ServerCheck(cfg, facts.layer_ids, log) if cfg.topology.server_check_every else None
+        return cls(servers, facts.layer_ids, facts.num_target_layers, norm, device, cfg.topology.queue_depth or 2,
+                   cfg.data.max_batch_size, hidden, check)
 
     def start(self, data, upcoming):
         self.data, self.upcoming = data, upcoming

@@ -9,6 +9,7 @@ trainer (its command line, its checks, --help and docs/trainer.md's flag table) 
 
     cfg = RunConfig.from_flat({"target_model": "/m", "lr": 3e-4})   # every other field its default
     cfg.optimisation.lr, cfg.lr                                         # 3e-4 both: a section, or flat
+    cfg.replace(lr=1e-4)                                                # a copy: cfg is frozen
     FIELDS["lr"].metadata["ge"], SECTION_OF["lr"]                       # its bounds, 'optimisation'
 """
 
@@ -349,6 +350,10 @@ class RunConfig:
     def to_flat(self) -> dict:
         """{flat name: value} of every field, in definition order."""
         return {name: getattr(self, name) for name in FIELDS}
+
+    def replace(self, **values) -> "RunConfig":
+        """A copy with `values` (flat names) changed; the instance itself never changes."""
+        return RunConfig.from_flat({**self.to_flat(), **values})
 
 
 # section attribute -> its class, and every field by its flat name (in --help's order).

@@ -256,6 +256,22 @@ call_drafter27() {
 }
 pre_drafter27() { need_trees "head after"; }
 
+# drafter-kinds: DFlash against DFlash 2 (--drafter-kind dflash2: the convolutions around each sublayer, the
+#   selector and its loss) at the incident's drafter shape, alternating the two kinds for ROUNDS rounds
+#   (default 2), one process each with a kernel-time profile; TESTS (CUDA tests) first; ANCHORS (512), STEPS
+#   (6), BENCH_S (150 s a process), EXTRA (added to every run).
+call_drafter_kinds() {
+  local BENCH_S=${BENCH_S:-150} kind
+  [ -n "${TESTS:-}" ] && tests $TESTS
+  for _ in $(seq "${ROUNDS:-2}"); do
+    for kind in dflash dflash2; do
+      drafter after --shape qwen3.6-27b --vocab 248320 --seq-len 8192 --seqs 2 --anchors "${ANCHORS:-512}" \
+        --attn-impl flex --steps "${STEPS:-6}" --warmup 3 --prefetch --profile 2 --drafter-kind "$kind" ${EXTRA:-}
+    done
+  done
+  return 0
+}
+
 # drafter-profile: where the drafter step's GPU time goes (bench_drafter --profile 2: kernels by kind, the
 #   GPU's idle gaps, the small kernels by the host ops that launched them) at the Qwen3-8B and the Qwen3.6-27B
 #   drafter shapes, then flex attention's kernel options against max-autotune's (bench_flex.py).

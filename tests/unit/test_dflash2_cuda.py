@@ -33,18 +33,30 @@ def _config():
 
 
 def test_the_compiled_convolution_is_the_eager_one(monkeypatch):
-    """bf16 under autocast, as training runs it: forward and the input's and kernels' gradients."""
+    """bf16, as training runs it: forward and the input's and kernels' gradients, eager and compiled,
+    each against the same function in float64 (the oracle). Eager rounds every intermediate to bf16
+    and the compiled kernel keeps them in fp32, so the two differ by bf16 ulps (up to 0.0625 in 50 of
+    a million elements on an H100); what must hold is that the compiled one is no further from the
+    oracle than bf16 eager is, norm-wise, and close to it."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(96 * BLOCK, HIDDEN, device="cuda", generator=g).bfloat16().requires_grad_()
     delta = torch.randn(96 * BLOCK, 2, HIDDEN // 16, device="cuda", generator=g).bfloat16().requires_grad_()
     base = torch.randn(2, HIDDEN, device="cuda", generator=g).requires_grad_()
-    grads = []
+
+    def run(fn, *args):
+        y = fn(*args, BLOCK)
+        return (y.double(), *(d.double() for d in torch.autograd.grad(y.double().square().sum(), args)))
+
+    oracle = run(grouped_conv, *(t.detach().double().requires_grad_() for t in (x, delta, base)))
+    results = []
     for fuse in (False, True):
         monkeypatch.setattr(drafter_mod, "FUSE_ELEMENTWISE", fuse)
-        y = drafter_mod._fused(grouped_conv, x)(x, delta, base, BLOCK)
-        grads.append((y.float(), *torch.autograd.grad(y.float().square().sum(), (x, delta, base))))
-    for eager, compiled in zip(*grads, strict=True):
-        torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=2e-2)
+        results.append(run(drafter_mod._fused(grouped_conv, x), x, delta, base))
+    assert drafter_mod._fused(grouped_conv, x) is not grouped_conv  # the compiled one was tried
+    for name, ref, eager, compiled in zip(("y", "dx", "ddelta", "dbase"), oracle, *results, strict=True):
+        err_eager = ((eager - ref).norm() / ref.norm()).item()
+        err_compiled = ((compiled - ref).norm() / ref.norm()).item()
+        assert err_compiled < 1e-2 and err_compiled <= 2 * err_eager + 1e-4, (name, err_compiled, err_eager)
 
 
 def _train(fast: bool, monkeypatch):

@@ -279,3 +279,23 @@ def test_the_docs_table_is_the_settings_table():
     text = (ROOT / "docs/gpu-health.md").read_text()
     for s in settings.SETTINGS:
         assert f"| `{s.name}` | `{s.default}` | {s.meaning} | {s.source} |" in text, f"docs/gpu-health.md: {s.name}"
+
+
+def test_a_real_h100_recording_passes_and_its_facts_are_read():
+    """tests/fixtures/gpu_health/h100: `nvidia-smi -q` and the probe's line recorded on one lent H100
+    (driver 580.159.04, 2026-12-07, tests/benchmarks/gpu_health_record.sh), not written by hand: the
+    parser reads the real report's layout, the card passes, and a matmul threshold above the card's
+    784 TFLOP/s fails it naming the figure."""
+    raw = gather.recorded(str(FIX / "h100"))
+    g = nvidia_smi.parse(raw["nvidia_smi"]["out"])
+    assert g["driver"] == "580.159.04"
+    (card,) = g["gpus"]
+    assert (card["index"], card["bus"], card["name"]) == (0, "00000000:00:06.0", "NVIDIA H100 80GB HBM3")
+    assert card["uuid"] == "GPU-3a345e60-dcbc-534e-67a0-6e49df54ed57"
+    assert card["pcie"]["width_current"] == card["pcie"]["width_max"] == 16
+    assert card["remap_pending"] is False and card["persistence"] is True
+    result = checks.judge(raw)
+    assert result["ok"] and status(result) == ["ok"], checks.table(result)
+    result = checks.judge(raw, {"matmul_expected_tflops": 2000})
+    assert status(result) == ["fail"]
+    assert "784 TFLOP/s bf16, 0.39 of the expected 2000" in finding(result, 0, "matmul")[1]

@@ -114,3 +114,29 @@ class VllmServer:
             except ProcessLookupError:
                 pass
 
+
+
+def collect_here(run_playbook, tmp_path: Path, tiny: Path, run_dir: Path, **extra):
+    """collect.yml -e export=true -e serve_check=true for the run at `run_dir` (trained on `tiny`), its
+    host this machine (local connection), vLLM the CPU build of VLLM_PYTHON's venv: the run's directory
+    and its <run>.json laid out as a host holds them. Returns run_playbook's result."""
+    import getpass
+    import json
+    import shutil
+    import sys
+
+    run = run_dir.name
+    host_root, config_root, home = tmp_path / "host", tmp_path / "etc", tmp_path / "runs"
+    shutil.copytree(run_dir, host_root / run)
+    config_root.mkdir()
+    (config_root / f"{run}.json").write_text(json.dumps({"target_model": str(tiny / "model"),
+                                                         "data_dir": str(tiny / "data")}))
+    inv = tmp_path / "hosts.json"
+    inv.write_text(json.dumps({"all": {"vars": {"flashfleet_runs": {run: {}}}, "children": {"gpu_nodes": {"hosts": {
+        "here": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
+    return run_playbook(ROOT / "collect.yml", inv, run=run, export=True, serve_check=True,
+                        flashfleet_runs_dir=str(home), flashfleet_runs_root=str(host_root),
+                        flashfleet_config_root=str(config_root), flashfleet_venv=sys.prefix,
+                        flashfleet_vllm_venv=str(VLLM_PYTHON.parent.parent),
+                        run_collect_export_user=getpass.getuser(), run_collect_use_rsync="false",
+                        run_collect_serve_check_env={"VLLM_CPU_KVCACHE_SPACE": "1"}, **extra)

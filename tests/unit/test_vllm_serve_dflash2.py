@@ -25,7 +25,7 @@ from flashfleet_trainer.evaluate import load_exported_drafter, load_prompts, spe
 from flashfleet_trainer.target import HiddenStateProducer
 
 from tests.unit.test_export import _zlab
-from tests.vllm_server import ROOT, VLLM_PYTHON, need_vllm
+from tests.vllm_server import ROOT, VLLM_PYTHON, collect_here, need_vllm
 
 MAX_NEW = 16
 PROMPTS = 4
@@ -201,25 +201,9 @@ def test_collect_serve_check_says_dflash2_needs_vllms_gpu_build(drafters, tmp_pa
     """collect.yml -e export=true -e serve_check=true for a DFlash 2 run on a host whose vLLM is
     the CPU build (this machine, local connection): the play fails with the one line, before
     dflash-eval measures anything and before vLLM loads a model."""
-    import getpass
-    import shutil
-    import sys
-
     tiny, trained, *_ = drafters
-    run = "trained"
-    host_root, config_root, home = tmp_path / "host", tmp_path / "etc", tmp_path / "runs"
-    shutil.copytree(trained.parent / run, host_root / run)
-    config_root.mkdir()
-    (config_root / f"{run}.json").write_text(json.dumps({"target_model": str(tiny / "model"),
-                                                         "data_dir": str(tiny / "data")}))
-    inv = tmp_path / "hosts.json"
-    inv.write_text(json.dumps({"all": {"vars": {"flashfleet_runs": {run: {}}}, "children": {"gpu_nodes": {"hosts": {
-        "here": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
-    r = run_playbook(ROOT / "collect.yml", inv, run=run, export=True, serve_check=True, flashfleet_runs_dir=str(home),
-                     flashfleet_runs_root=str(host_root), flashfleet_config_root=str(config_root),
-                     flashfleet_venv=sys.prefix, flashfleet_vllm_venv=str(VLLM_PYTHON.parent.parent),
-                     run_collect_export_user=getpass.getuser(), run_collect_use_rsync="false",
-                     run_collect_serve_check_env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    r = collect_here(run_playbook, tmp_path, tiny, trained.parent / "trained")
+    run, home, host_root = "trained", tmp_path / "runs", tmp_path / "host"
     out = r.stdout.read()
     assert r.rc != 0
     assert "serve_check on here: flashfleet-train: config error: " in out, out[-3000:]

@@ -18,7 +18,7 @@ from flashfleet_trainer.cli import main as train_main
 from flashfleet_trainer.evaluate import load_exported_drafter, load_prompts, speculative_tau
 from flashfleet_trainer.target import HiddenStateProducer
 
-from tests.vllm_server import ROOT, VLLM_PYTHON, need_vllm
+from tests.vllm_server import ROOT, VLLM_PYTHON, collect_here, need_vllm
 
 pytestmark = pytest.mark.slow
 MAX_NEW = 16
@@ -81,10 +81,6 @@ def test_vllm_serves_the_export_as_the_evaluator_measured_it(drafters, tmp_path,
     outputs are the target's own tokens (this process's evaluator's outputs), and its acceptance
     equals the evaluator's tau within 2%. Then the untrained drafter, served directly: accepted
     about never, the outputs still the target's. (Each drafter is one vLLM engine start.)"""
-    import getpass
-    import shutil
-    import sys
-
     torch.set_num_threads(1)
     tiny, trained, untrained = drafters
     assert json.loads((trained / "config.json").read_text())["dflash_config"]["target_layer_ids"] == [1, 2]
@@ -92,22 +88,10 @@ def test_vllm_serves_the_export_as_the_evaluator_measured_it(drafters, tmp_path,
     tau, outputs = _evaluator(tiny, trained, prompts)
     assert tau > 1.5, tau  # the comparison is about accepted drafts, not only bonus tokens
 
-    run = "trained"
-    host_root, config_root, home = tmp_path / "host", tmp_path / "etc", tmp_path / "runs"
-    shutil.copytree(trained.parent / run, host_root / run)
-    config_root.mkdir()
-    (config_root / f"{run}.json").write_text(json.dumps({"target_model": str(tiny / "model"),
-                                                         "data_dir": str(tiny / "data")}))
-    inv = tmp_path / "hosts.json"
-    inv.write_text(json.dumps({"all": {"vars": {"flashfleet_runs": {run: {}}}, "children": {"gpu_nodes": {"hosts": {
-        "here": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
-    r = run_playbook(ROOT / "collect.yml", inv, run=run, export=True, serve_check=True, flashfleet_runs_dir=str(home),
-                     flashfleet_runs_root=str(host_root), flashfleet_config_root=str(config_root),
-                     flashfleet_venv=sys.prefix, flashfleet_vllm_venv=str(VLLM_PYTHON.parent.parent),
-                     run_collect_export_user=getpass.getuser(), run_collect_use_rsync="false",
+    r = collect_here(run_playbook, tmp_path, tiny, trained.parent / "trained",
                      run_collect_serve_check_prompts=PROMPTS, run_collect_serve_check_max_new_tokens=MAX_NEW,
-                     run_collect_serve_check_dtype="float32",
-                     run_collect_serve_check_env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+                     run_collect_serve_check_dtype="float32")
+    run, home = "trained", tmp_path / "runs"
     assert r.rc == 0, r.stdout.read()
     check = json.loads((home / run / "serve_check.json").read_text())
     served = check["vllm"]

@@ -19,9 +19,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-LANE1=(lint pytest "molecule vllm" "molecule staging" "molecule lxc")
+LANE1=(lint pytest "molecule vllm" "molecule staging")
 LANE2=("molecule kernel" "molecule driver" "molecule faults" "molecule cluster" "molecule launch"
-       "molecule cuda")
+       "molecule cuda" "molecule lxc")
 
 # Every scenario directory must be in exactly one lane: a new scenario fails here, never skipped.
 check_lanes() {

@@ -48,6 +48,10 @@ run_stage() {  # run_stage NAME: the stage's command
   esac
 }
 
+cpu_ticks() {  # busy and total jiffies of all cores since boot (/proc/stat's first line)
+  awk '/^cpu /{busy = $2 + $3 + $4 + $7 + $8; total = busy + $5 + $6; print busy, total; exit}' /proc/stat
+}
+read -r BUSY0 TOTAL0 < <(cpu_ticks)  # the summary's CPU share: would more lanes help? (not if ~100%)
 RECORDS=$(mktemp -d)  # per lane: its finished stages ("name<TAB>seconds<TAB>result"), its running one,
                       # its current stage's output (ID.log), its failed stage's name (ID.failed)
 trap 'summary; rm -rf "$RECORDS"' EXIT
@@ -114,6 +118,10 @@ summary() {
   done
   printf '  %-22s %6d s\n' "sum of stages" "$total"
   printf '  %-22s %6d s  (the lanes side by side)\n' "wall" "$SECONDS"
+  local busy total
+  read -r busy total < <(cpu_ticks)
+  [ "$total" -gt "$TOTAL0" ] && printf '  %-22s %6d %%  (of all cores, the whole machine)\n' "CPU busy" \
+    $(( 100 * (busy - BUSY0) / (total - TOTAL0) ))
 }
 
 check_lanes

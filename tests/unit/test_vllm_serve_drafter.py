@@ -2,14 +2,13 @@
 through flashfleet_trainer.vllm_serve_check): what a user serving it sees must be what the
 project's evaluator measured. vLLM's greedy output equals the target's own (the evaluator's output
 is the target's greedy output, speculation being lossless), vLLM's mean acceptance length equals
-dflash-eval's tau on the same prompts within 2%, and an untrained drafter is accepted about never.
+dflash-eval's tau on the same prompts within 2%. (An untrained drafter accepted about never, and a
+DFlash drafter served beside DFlash 2 ones: tests/unit/test_vllm_serve_dflash2.py, in its engine starts.)
 
 The drafter has two draft layers on the 4-layer target with the default target layers, which were
 [1, 1] before vLLM's rule was the trainer's (vLLM refused that drafter at its first request)."""
 
 import json
-import os
-import subprocess
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from flashfleet_trainer.cli import main as train_main
 from flashfleet_trainer.evaluate import load_exported_drafter, load_prompts, speculative_tau
 from flashfleet_trainer.target import HiddenStateProducer
 
-from tests.vllm_server import ROOT, VLLM_PYTHON, collect_here, need_vllm
+from tests.vllm_server import collect_here, need_vllm
 
 pytestmark = pytest.mark.slow
 MAX_NEW = 16
@@ -40,7 +39,7 @@ def _train_and_export(tiny, root, name, *extra):
 @pytest.fixture(scope="module")
 def drafters(tmp_path_factory):
     """A target trained until a drafter can learn it (trainer_tiny's is near uniform), with heads of
-    32 (vLLM's CPU attention takes no head of 16); a drafter trained on it and one that was not."""
+    32 (vLLM's CPU attention takes no head of 16), and a drafter trained on it."""
     need_vllm()
     from flashfleet_trainer.tiny import build
 
@@ -49,8 +48,7 @@ def drafters(tmp_path_factory):
     build(tiny, seed=0, vocab=128, hidden=128, layers=4, steps=100, num_seqs=64, prompt_len=8,
           completion_len=24, num_eval=PROMPTS, log=lambda s: None)
     trained = _train_and_export(tiny, root, "trained", "--lr", "3e-3", "--max-steps", "100")
-    untrained = _train_and_export(tiny, root, "untrained", "--lr", "1e-12", "--max-steps", "1")
-    return tiny, trained, untrained
+    return tiny, trained
 
 
 def _evaluator(tiny, drafter_dir, prompts):
@@ -62,27 +60,14 @@ def _evaluator(tiny, drafter_dir, prompts):
     return res["tau"], [t["output"][:MAX_NEW] for t in trace]
 
 
-def _vllm(tiny, drafter_dir, prompts, tmp_path):
-    path = tmp_path / "prompts.json"
-    path.write_text(json.dumps(prompts))
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "trainer"), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    out = tmp_path / f"{drafter_dir.name}.json"
-    p = subprocess.run([str(VLLM_PYTHON), "-m", "flashfleet_trainer.vllm_serve_check", str(tiny / "model"),
-                        str(drafter_dir), str(path), str(out), "--max-new-tokens", str(MAX_NEW)],
-                       env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    return json.loads(out.read_text())
-
-
 def test_vllm_serves_the_export_as_the_evaluator_measured_it(drafters, tmp_path, run_playbook):
     """collect.yml -e export=true -e serve_check=true on a host with vLLM (this machine, local
     connection): the host exports the trained drafter, dflash-eval and vLLM measure it on the run's
     held-out prompts, and both figures come home to serve_check.json and report.html. vLLM's greedy
     outputs are the target's own tokens (this process's evaluator's outputs), and its acceptance
-    equals the evaluator's tau within 2%. Then the untrained drafter, served directly: accepted
-    about never, the outputs still the target's. (Each drafter is one vLLM engine start.)"""
+    equals the evaluator's tau within 2% (one vLLM engine start)."""
     torch.set_num_threads(1)
-    tiny, trained, untrained = drafters
+    tiny, trained = drafters
     assert json.loads((trained / "config.json").read_text())["dflash_config"]["target_layer_ids"] == [1, 2]
     prompts = load_prompts(tiny / "data" / "eval" / "prompts.jsonl", PROMPTS)
     tau, outputs = _evaluator(tiny, trained, prompts)
@@ -101,8 +86,3 @@ def test_vllm_serves_the_export_as_the_evaluator_measured_it(drafters, tmp_path,
     assert served["tau"] == pytest.approx(tau, rel=0.02), (served["tau"], tau)
     report = (home / run / "report.html").read_text()
     assert 'id="serve-check"' in report and f"{served['tau']:.4g}" in report
-
-    tau0, outputs0 = _evaluator(tiny, untrained, prompts)
-    served0 = _vllm(tiny, untrained, prompts, tmp_path)
-    assert served0["outputs"] == outputs0 == outputs
-    assert served0["tau"] < 1.2 and tau0 < 1.2, (served0["tau"], tau0)

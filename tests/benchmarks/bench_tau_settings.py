@@ -11,7 +11,8 @@ cached by platform/tiny-assets.sh (or --assets DIR). Every trained setting gets 
 steps, micro-batch and drafter, for each seed; the untrained drafter (dflash-eval --random-drafter,
 one layer, same seed) is the floor. Each trained drafter is exported (dflash-export: bf16, what a
 user serves) and that export is evaluated by dflash-eval on the held-out prompts greedy and at
-temperature 1 (speculative sampling); with --vllm also by vLLM itself (its CPU build's venv,
+temperature 1 (speculative sampling), its drafts sampled (z-lab's protocol) and greedy (vLLM's
+default); with --vllm also by vLLM itself (its CPU build's venv,
 tests/benchmarks/vllm_judge.py: one engine start a drafter), whose figure is pooled
 (1 + accepted / drafts). The runs are subprocesses, --jobs at a time, each limited to
 --threads-per-job torch threads (vLLM's, one at a time). An --out folder that already holds a
@@ -62,7 +63,10 @@ GROUPS = {"LABELS": ["untrained", "ce-streak", "ce-argmax-streak", "kl-T1-w0.7-s
           "DFLASH2": ["ce-streak", "dflash2", "ce-argmax-streak", "dflash2-argmax"]}
 # the 2-layer text target: the trainer's default target layers need 4 layers, so both of its layers
 TARGET_LAYERS = {"text": "0,1", "hybrid": None}
-TEMPERATURES = (0.0, 1.0)
+TEMPERATURES = (0.0, 1.0)  # vLLM's judge: each with its default greedy drafts
+# dflash-eval's measures: (temperature, draft_sample_method); at T=1 both protocols, the greedy-drafts
+# one being what vLLM serves by default (docs/trainer.md, "Sampled tau, two protocols")
+EVALS = ((0.0, "probabilistic"), (1.0, "probabilistic"), (1.0, "greedy"))
 FULL = dict(steps=250, seeds="0,1", num_prompts=32, max_new_tokens=64, jobs=8, threads=2, token_budget=2048,
             max_anchors=256)
 # on the shared 2-core machine at load 7-8: 718 s (30 steps, 8 prompts x 32 tokens took 1,060 s)
@@ -127,23 +131,26 @@ def prompts_file(a, assets, out) -> Path:
     return path
 
 
-def eval_job(a, assets, name, seed, temperature, out):
-    """dflash-eval's figures for one drafter (the export, or the untrained one) at one temperature."""
+def eval_job(a, assets, name, seed, temperature, draft, out):
+    """dflash-eval's figures for one drafter (the export, or the untrained one) at one temperature,
+    its drafts drawn by `draft` (probabilistic or greedy) when sampling."""
     run_dir = out / f"{name}-s{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    saved = run_dir / f"eval-T{temperature:g}.json"
+    tag = f"T{temperature:g}" + ("-greedy-drafts" if draft == "greedy" else "")
+    saved = run_dir / f"eval-{tag}.json"
     if saved.exists():
         return json.loads(saved.read_text())
     drafter = (["--random-drafter", "--block-size", str(a.block_size), "--num-draft-layers", "1"]
                if SETTINGS[name] is None else ["--drafter", str(run_dir / "export")])
     cmd = [*tool("dflash-eval"), "--target-model", str(assets / "model"), *drafter, "--seed", str(seed),
            "--prompts", str(assets / "data" / "eval" / "prompts.jsonl"), "--num-prompts", str(a.num_prompts),
-           "--max-new-tokens", str(a.max_new_tokens), "--temperature", str(temperature), "--device", a.device]
-    log = run_dir / f"eval-T{temperature:g}.log"
+           "--max-new-tokens", str(a.max_new_tokens), "--temperature", str(temperature),
+           "--draft-sample-method", draft, "--device", a.device]
+    log = run_dir / f"eval-{tag}.log"
     dt = run(cmd, log, a.threads_per_job)
     res = json.loads(log.read_text().strip().splitlines()[-1])
     saved.write_text(json.dumps(res) + "\n")
-    print(f"  evaluated {name} seed {seed} T={temperature:g}: tau_prompt_mean {res['tau_prompt_mean']:.3f}, "
+    print(f"  evaluated {name} seed {seed} {tag}: tau_prompt_mean {res['tau_prompt_mean']:.3f}, "
           f"tau_pooled {res['tau_pooled']:.3f} ({dt:.1f} s)", flush=True)
     return res
 
@@ -243,21 +250,22 @@ def main(argv=None):
     with ThreadPoolExecutor(a.jobs) as pool:
         trains = {(n, s): pool.submit(train_job, a, a.assets, n, s, out) for n in trained for s in seeds}
         wall = {k: f.result() for k, f in trains.items()}
-        evals = {(n, s, t): pool.submit(eval_job, a, a.assets, n, s, t, out)
-                 for n in names for s in seeds for t in TEMPERATURES}
+        evals = {(n, s, t, d): pool.submit(eval_job, a, a.assets, n, s, t, d, out)
+                 for n in names for s in seeds for t, d in EVALS}
         res = {k: f.result() for k, f in evals.items()}
     served = {}
     if a.vllm:  # after the pool: the engine uses every thread it is given
         prompts = prompts_file(a, a.assets, out)
         served = {(n, s, t): r for n in trained if n not in NOT_SERVED_ON_CPU for s in seeds
                   for t, r in vllm_job(a, a.assets, n, s, out, prompts).items()}
-    cols = [("greedy", 0.0, "tau_prompt_mean"), ("greedy", 0.0, "tau_pooled"), ("T=1", 1.0, "tau_prompt_mean"),
-            ("T=1", 1.0, "tau_pooled")]
+    cols = [("greedy", EVALS[0], "tau_prompt_mean"), ("greedy", EVALS[0], "tau_pooled"),
+            ("T=1", EVALS[1], "tau_prompt_mean"), ("T=1", EVALS[1], "tau_pooled"),
+            ("T=1 greedy drafts", EVALS[2], "tau_pooled")]
     header = ["setting"] + [f"{m} {k}" for m, _, k in cols] + (["vLLM greedy", "vLLM T=1"] if a.vllm else [])
     header.append("train wall s")
     rows = []
     for n in names:
-        row = [n] + [cell([res[(n, s, t)][k] for s in seeds]) for _, t, k in cols]
+        row = [n] + [cell([res[(n, s, *e)][k] for s in seeds]) for _, e, k in cols]
         if a.vllm:
             row += [cell([served[(n, s, t)]["tau"] for s in seeds]) if (n, seeds[0], t) in served else "-"
                     for t in TEMPERATURES]
@@ -271,7 +279,7 @@ def main(argv=None):
     if a.json:
         a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "wall_s": {
             f"{n}-s{s}": v for (n, s), v in wall.items()}, "results": {
-            f"{n}-s{s}-T{t:g}": r for (n, s, t), r in res.items()}, "vllm": {
+            f"{n}-s{s}-T{t:g}-{d}": r for (n, s, t, d), r in res.items()}, "vllm": {
             f"{n}-s{s}-T{t:g}": {k: v for k, v in r.items() if k != "outputs"} for (n, s, t), r in served.items()}},
             indent=1) + "\n")
     return 0

@@ -88,6 +88,8 @@ def test_tau_is_shown_with_what_it_was_measured_with(run_dir):
     assert "T 1, top-p 0.95, top-k 20, thinking off" in fr.write_report(run_dir).read_text()
     assert metrics.settings_label({"temperature": 0.0, "top_p": 1.0, "top_k": 0, "thinking": "on"}) == "greedy, thinking on"
     assert metrics.settings_label({"temperature": 0.0, "top_p": 1.0}) == "greedy"  # an older record
+    assert metrics.settings_label({"temperature": 1.0, "draft_sample_method": "greedy"}) == "T 1, greedy drafts"
+    assert metrics.settings_label({"temperature": 0.0, "draft_sample_method": "greedy"}) == "greedy"
     assert metrics.settings_label({"tau": 4.12}) == "?"
     check = {"host": "gpu01", "vllm": {"tau": 4.0}, "dflash_eval": {"tau": 4.1, "temperature": 0.0, "top_p": 1.0,
                                                                    "top_k": 0, "thinking": None}}

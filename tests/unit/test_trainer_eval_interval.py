@@ -52,16 +52,18 @@ def test_every_tau_is_recorded_with_its_sampling_and_thinking(trainer_argv, tmp_
     out = tmp_path / "run"
     argv = trainer_argv("--max-steps", "2", "--eval-interval", "0", "--eval-prompts", str(prompts),
                         "--eval-max-new-tokens", "4", "--eval-temperature", "1", "--eval-top-p", "0.9",
-                        "--eval-top-k", "5", "--eval-thinking", "off", "--resume", "never", out=out)
+                        "--eval-top-k", "5", "--eval-draft-sample-method", "greedy", "--eval-thinking", "off",
+                        "--resume", "never", out=out)
     argv[argv.index("--eval-num-prompts") + 1] = "1"
     assert train_main(argv) == 0
     (rec,) = [r for r in contract.read(out / "metrics.jsonl") if not contract.is_step(r)]
-    settings = {"temperature": 1.0, "top_p": 0.9, "top_k": 5, "thinking": "off"}
+    settings = {"temperature": 1.0, "top_p": 0.9, "top_k": 5, "draft_sample_method": "greedy", "thinking": "off"}
     assert {k: rec[k] for k in contract.EVAL_SETTINGS} == settings and set(contract.EVAL_KEYS) <= set(rec)
     (wb,) = [r for r in logged if "tau_pooled" in r]
-    assert (wb["eval_temperature"], wb["eval_top_p"], wb["eval_top_k"], wb["eval_thinking"]) == (1.0, 0.9, 5, 0)
+    assert (wb["eval_temperature"], wb["eval_top_p"], wb["eval_top_k"], wb["eval_greedy_drafts"],
+            wb["eval_thinking"]) == (1.0, 0.9, 5, 1, 0)
     assert "final evaluation at step 2: tau_pooled" in capsys.readouterr().out
-    assert contract.settings_label(rec) == "T 1, top-p 0.9, top-k 5, thinking off"
+    assert contract.settings_label(rec) == "T 1, top-p 0.9, top-k 5, greedy drafts, thinking off"
 
 
 def test_eval_interval_range_is_checked(trainer_argv, capsys):

@@ -167,6 +167,37 @@ def test_dflash2_walk_keeps_the_target_distribution(s, monkeypatch):
         assert broken > 3 * crit, broken
 
 
+GREEDY_DRAFTS = [Sampling(1.0, draft_sample_method="greedy"), Sampling(0.7, 0.9, 2, "greedy")]
+
+
+@pytest.mark.parametrize("pair_kind", [ToyPair, ToyPair2], ids=["dflash", "dflash2"])
+@pytest.mark.parametrize("s", GREEDY_DRAFTS, ids=["T1", "T0.7-top_p0.9-top_k2"])
+def test_greedy_drafts_keep_the_target_distribution(pair_kind, s):
+    """vLLM's default while sampling: each draft the drafter's argmax (the walk's best path for
+    DFlash 2), q one-hot on it. The committed tokens still follow the target's own sampling."""
+    chi2, crit, counts, exp = _chi2(pair_kind(), s)
+    assert chi2 < crit, (chi2, crit, counts)
+    assert all(counts[k] == 0 for k, e in exp.items() if e == 0)
+
+
+def test_a_greedy_draft_is_accepted_with_the_targets_probability_of_it():
+    """With greedy drafts the first draft after anchor y is argmax Q[0, y], accepted with probability
+    P(y -> that token) (vLLM's rejection sampler with one-hot draft probabilities). One cycle after
+    prompt [a], whose anchor y the target samples first: the rate is sum_y P(a -> y) P(y -> argmax
+    Q[0, y]), observed within 4 binomial standard deviations, and far from the probabilistic drafts'."""
+    pair, a = ToyPair(seed=2), 1
+    target = probs(pair.target, Sampling(1.0))  # [prev, next]
+    p = sum(float(target[a, y] * target[y, int(pair.draft_logits[0, y].argmax())]) for y in range(V))
+    rates = {}
+    for method in ("greedy", "probabilistic"):
+        gen, st = torch.Generator().manual_seed(0), Stats(BLOCK)
+        for _ in range(SAMPLES):
+            st.add(decode(pair, [a], 1, BLOCK, Sampling(1.0, draft_sample_method=method), gen))
+        rates[method] = st.accept_rate()[0]
+    assert abs(rates["greedy"] - p) < 4 * math.sqrt(p * (1 - p) / SAMPLES), (rates, p)
+    assert abs(rates["probabilistic"] - p) > 0.05, (rates, p)
+
+
 def test_greedy_commits_the_target_greedy_chain():
     pair = ToyPair(seed=1)
     rec = {}
@@ -205,3 +236,5 @@ def test_stats_tau_and_per_position_acceptance():
         Sampling(-1.0)
     with pytest.raises(ValueError):
         Sampling(1.0, 1.0, -1)
+    with pytest.raises(ValueError, match="draft_sample_method 'argmax' one of probabilistic, greedy"):
+        Sampling(1.0, draft_sample_method="argmax")

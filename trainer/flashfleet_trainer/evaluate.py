@@ -347,7 +347,7 @@ def eval_wanted(cfg: RunConfig, n) -> bool:
 
 def eval_sampling(s) -> Sampling:
     """The sampling settings of the run's eval section (RunConfig.eval), or of dflash-eval's flags."""
-    return Sampling(s.eval_temperature, s.eval_top_p, s.eval_top_k)
+    return Sampling(s.eval_temperature, s.eval_top_p, s.eval_top_k, s.eval_draft_sample_method)
 
 
 def evaluate_drafter(cfg: RunConfig, producer, drafter, n, kind) -> dict:
@@ -435,6 +435,7 @@ def main(argv=None):
     add_setting(p, "eval_temperature", "--temperature")
     add_setting(p, "eval_top_p", "--top-p")
     add_setting(p, "eval_top_k", "--top-k")
+    add_setting(p, "eval_draft_sample_method", "--draft-sample-method")
     add_setting(p, "eval_thinking", "--thinking")
     p.add_argument("--no-cache", action="store_true", help="re-run the whole sequence every cycle (the oracle the "
                    "cached evaluator is tested against; slower)")

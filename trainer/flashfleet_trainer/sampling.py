@@ -17,6 +17,13 @@ top_p, top_k)`): logits / T, the top-k kept, softmax, then the smallest nucleus 
 among them; plain DFlash applies it to the drafter's logits as to the target's. Any q works for
 the rule as long as each draft was drawn from the q the rule is given.
 
+Greedy drafts while sampling (`draft_sample_method` greedy, vLLM 0.32.0's default): each draft
+is the drafter's most likely token and q_k is one-hot on it, so draft k is accepted with probability
+p_k(x) and a rejection samples from p_k without x; the committed tokens still follow the target's
+sampling. The probabilistic default is z-lab's protocol; vLLM serves the greedy one unless its
+speculative config says `draft_sample_method: probabilistic`, and its acceptance length at T > 0
+is then lower (docs/benchmarks.md), so an evaluation says which it measured.
+
 Which q: plain DFlash drafts all positions in one pass, so q_k does not depend on the other
 drafts. DFlash 2 (`walk`) draws position k among the top-k candidates of the drafter's logits,
 scored given the token chosen at k-1, so q_k is the softmax of those scores at T over the
@@ -31,6 +38,7 @@ same code.
 from dataclasses import dataclass, field
 
 import torch
+from flashfleet.plan.defaults import DRAFT_SAMPLE_METHODS
 
 
 @dataclass(frozen=True)
@@ -38,19 +46,28 @@ class Sampling:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0  # nucleus: the smallest top set whose mass reaches top_p (1 = all)
     top_k: int = 0  # only the k most likely tokens (0 = all)
+    draft_sample_method: str = DRAFT_SAMPLE_METHODS[0]  # when sampling: drafts drawn from q, or its argmax
 
     def __post_init__(self):
-        if not (self.temperature >= 0 and 0 < self.top_p <= 1 and self.top_k >= 0):
-            raise ValueError(f"temperature {self.temperature} must be >= 0, top_p {self.top_p} in (0, 1] "
-                             f"and top_k {self.top_k} >= 0")
+        if not (self.temperature >= 0 and 0 < self.top_p <= 1 and self.top_k >= 0
+                and self.draft_sample_method in DRAFT_SAMPLE_METHODS):
+            raise ValueError(f"temperature {self.temperature} must be >= 0, top_p {self.top_p} in (0, 1], "
+                             f"top_k {self.top_k} >= 0 and draft_sample_method {self.draft_sample_method!r} "
+                             f"one of {', '.join(DRAFT_SAMPLE_METHODS)}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def greedy_drafts(self) -> bool:
+        """Sampling with each draft the drafter's argmax (q one-hot on it)."""
+        return not self.greedy and self.draft_sample_method == "greedy"
+
     def record(self) -> dict:
         """The settings as every tau is recorded with them (contract.metrics.EVAL_SETTINGS)."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "draft_sample_method": self.draft_sample_method}
 
 
 GREEDY = Sampling()
@@ -85,6 +102,9 @@ def propose(draft_logits, s: Sampling, gen):
     """Plain DFlash: (B-1 draft tokens, their distributions q [B-1, V] or None when greedy)."""
     if s.greedy:
         return draft_logits.argmax(-1).tolist(), None
+    if s.greedy_drafts:
+        drafts = draft_logits.argmax(-1)
+        return drafts.tolist(), torch.nn.functional.one_hot(drafts, draft_logits.shape[-1]).float()
     q = probs(draft_logits, s)
     return torch.multinomial(q, 1, generator=gen)[:, 0].tolist(), q
 
@@ -97,8 +117,9 @@ def walk(selector, hidden, draft_logits, anchor: int, s: Sampling, gen):
     candidate's score is its logit plus the selector's transition score given its predecessor:
     the anchor at the first position, the token chosen at the one before after that. vLLM scores
     every (predecessor candidate, candidate) pair first ([B-1, K, K], the first position's rows
-    all the anchor) and then walks them; so does this. Greedy takes each position's best score;
-    sampling draws from softmax(scores / T) over the candidates, which is q (both engines apply
+    all the anchor) and then walks them; so does this. Greedy (or greedy drafts) takes each
+    position's best score (q one-hot on it); sampling draws from softmax(scores / T) over the
+    candidates, which is q (both engines apply
     neither top-p nor top-k to the scores: those shape the target's p only)."""
     k = selector.top_k
     unary, cand = draft_logits.float().topk(k, dim=-1)  # [B-1, K]
@@ -113,6 +134,9 @@ def walk(selector, hidden, draft_logits, anchor: int, s: Sampling, gen):
         row = scores[pos, i]
         if s.greedy:
             i = int(row.argmax())
+        elif s.greedy_drafts:
+            i = int(row.argmax())
+            q[pos, cand[pos, i]] = 1.0
         else:
             qk = torch.softmax(row / s.temperature, dim=-1)
             i = _draw(qk, gen)

@@ -705,10 +705,13 @@ class Trainer:
         res = {**res, **self.tau_gap(res, step, recent)}
         warning = res[contract.TAU_GAP_WARNING]
         metrics.write({"step": step, **res})
-        # W&B keeps numbers: each tau beside what it was measured with (thinking as on = 1, off = 0)
+        # W&B keeps numbers: each tau beside what it was measured with (thinking as on = 1, off = 0,
+        # greedy drafts while sampling as 1)
         thinking = {"on": 1, "off": 0}.get(res["thinking"])
+        words = ("thinking", "draft_sample_method")
         wandb_run.log({"tau_pooled": res["tau_pooled"], "tau_prompt_mean": res["tau_prompt_mean"], "eval_step": step,
-                       **{f"eval_{k}": res[k] for k in contract.EVAL_SETTINGS if k != "thinking"},
+                       **{f"eval_{k}": res[k] for k in contract.EVAL_SETTINGS if k not in words},
+                       "eval_greedy_drafts": int(res["draft_sample_method"] == "greedy"),
                        **({} if thinking is None else {"eval_thinking": thinking}),
                        **{f"accept_rate/pos{k + 1}": r for k, r in enumerate(res["accept_rate"]) if r is not None}},
                       self.step)

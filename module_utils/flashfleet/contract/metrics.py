@@ -48,7 +48,7 @@ TRAIN_TAU, TRAIN_ACC1, TAU_GAP_WARNING = "train_tau_proxy", "train_acc_pos1", "t
 # What every tau was measured with: temperature (0 = greedy), top_p (1 = all), top_k (0 = all) and
 # thinking, the chat template's switch the prompts were rendered with ("on", "off", or null: token-id
 # prompts, or a template without the switch). Records from before top_k and thinking lack them.
-EVAL_SETTINGS = ("temperature", "top_p", "top_k", "thinking")
+EVAL_SETTINGS = ("temperature", "top_p", "top_k", "draft_sample_method", "thinking")
 EVAL_KEYS = (
     "step", "tau", "tau_pooled", "tau_prompt_mean", "accept_rate", "prompts", "cycles", "tokens", "block_size",
     *EVAL_SETTINGS, "cached", "eval", "eval_s", TRAIN_TAU, TRAIN_ACC1, TAU_GAP_WARNING,
@@ -74,6 +74,8 @@ def settings_label(record: dict) -> str:
         words.append(f"top-p {top_p:g}" if top_p is not None else "top-p ?")
     if t != 0 and top_k != 0:
         words.append(f"top-k {top_k:g}" if top_k is not None else "top-k ?")
+    if t != 0 and record.get("draft_sample_method") == "greedy":
+        words.append("greedy drafts")
     if record.get("thinking") in ("on", "off"):
         words.append(f"thinking {record['thinking']}")
     return ", ".join(words)

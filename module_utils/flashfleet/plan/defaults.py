@@ -55,3 +55,7 @@ DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=256, select
 # The chat template's thinking switch of an evaluation's prompts (dflash-eval --thinking,
 # --eval-thinking; flashfleet_trainer/chat_template.py says what each does).
 THINKING_SWITCH = ("on", "off")
+# How a sampling evaluation draws the drafter's tokens, named as vLLM's `draft_sample_method`:
+# probabilistic (sampled from the drafter's distribution, which the acceptance test reads: z-lab's
+# dflash protocol) or greedy (its most likely token, treated as certain: vLLM 0.32.0's default).
+DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")

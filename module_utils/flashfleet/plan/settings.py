@@ -21,6 +21,7 @@ from .defaults import (
     BLOCK_SIZE,
     DECAY_GAMMAS,
     DFLASH2,
+    DRAFT_SAMPLE_METHODS,
     DRAFTER_KINDS,
     HYBRID_DRAFTER,
     MOE_MLP_PER_HIDDEN,
@@ -291,6 +292,11 @@ class Eval:
         note="1 = all", example=0.95)
     eval_top_k: int = setting(
         0, "when sampling: only the K most likely tokens, before --eval-top-p (z-lab's dflash protocol)", ge=0, note="0 = all", example=20)
+    eval_draft_sample_method: str = setting(
+        "probabilistic", "when sampling: how the drafter's tokens are drawn: probabilistic (from its "
+        "distribution, which the acceptance test reads: z-lab's dflash protocol) or greedy (its most likely "
+        "token, treated as certain: what vLLM serves by default, draft_sample_method='greedy'; each draft is "
+        "then accepted with the target's probability of it)", choices=DRAFT_SAMPLE_METHODS)
     eval_thinking: str = setting(
         "on", "the chat template's thinking switch (`enable_thinking`, Qwen3.x templates) for prompts given "
         "as messages; on as the published Qwen3.5/3.6/3.8 drafter evaluations, off for non-thinking "

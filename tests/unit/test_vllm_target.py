@@ -284,8 +284,20 @@ def test_server_check_holds_the_server_to_this_processs_own_target(servers, argv
 
 
 def test_a_killed_server_ends_the_run_clearly_and_the_restart_resumes(servers, argv, tmp_path):
-    """Last in this module: it kills the second server (and starts it again on the same port)."""
+    """It kills the second server and starts it again on the same port. The kill can leave the
+    hidden-states file being written (and its lock) in the servers' shared storage, which no one
+    reads again; the test removes what it left, so that the module's other tests, in any order,
+    find only their own files there (each checks every file it caused was read and removed)."""
     victim = servers[1]
+    before = set(victim.storage.iterdir())
+    try:
+        _kill_and_restart(victim, argv, tmp_path)
+    finally:
+        for left in set(victim.storage.iterdir()) - before:
+            left.unlink(missing_ok=True)
+
+
+def _kill_and_restart(victim, argv, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "flashfleet_trainer.cli",
            *argv("--max-steps", "400", "--save-interval", "2", "--target-servers", victim.url, out=out)]

@@ -119,8 +119,8 @@ def walk(selector, hidden, draft_logits, anchor: int, s: Sampling, gen):
     every (predecessor candidate, candidate) pair first ([B-1, K, K], the first position's rows
     all the anchor) and then walks them; so does this. Greedy (or greedy drafts) takes each
     position's best score (q one-hot on it); sampling draws from softmax(scores / T) over the
-    candidates, which is q (both engines apply
-    neither top-p nor top-k to the scores: those shape the target's p only)."""
+    candidates, which is q (both engines apply neither top-p nor top-k to the scores: those shape
+    the target's p only)."""
     k = selector.top_k
     unary, cand = draft_logits.float().topk(k, dim=-1)  # [B-1, K]
     n = cand.shape[0]

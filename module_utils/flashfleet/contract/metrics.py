@@ -45,9 +45,11 @@ SELECTOR_KEYS = ("selector_loss", "selector_acc", "candidate_recall")
 # warning (messages.tau_gap) when position 1, right in training, is rarely accepted served: labels
 # shifted against the positions the drafter is served at.
 TRAIN_TAU, TRAIN_ACC1, TAU_GAP_WARNING = "train_tau_proxy", "train_acc_pos1", "tau_gap_warning"
-# What every tau was measured with: temperature (0 = greedy), top_p (1 = all), top_k (0 = all) and
-# thinking, the chat template's switch the prompts were rendered with ("on", "off", or null: token-id
-# prompts, or a template without the switch). Records from before top_k and thinking lack them.
+# What every tau was measured with: temperature (0 = greedy), top_p (1 = all), top_k (0 = all),
+# draft_sample_method (when sampling: drafts drawn from the drafter's distribution, or its argmax as
+# vLLM serves by default) and thinking, the chat template's switch the prompts were rendered with
+# ("on", "off", or null: token-id prompts, or a template without the switch). Records from before
+# top_k, draft_sample_method and thinking lack them.
 EVAL_SETTINGS = ("temperature", "top_p", "top_k", "draft_sample_method", "thinking")
 EVAL_KEYS = (
     "step", "tau", "tau_pooled", "tau_prompt_mean", "accept_rate", "prompts", "cycles", "tokens", "block_size",

@@ -1,7 +1,8 @@
 # flashfleet: every set-up step a fresh Debian 12 machine needs, and the test entry points.
 #   make demo       the main job: platform, node image, local node, provision, train, diagnose, collect
 #   make clean-node remove the local node container
-#   make test       everything CI runs: lint, pytest (all), molecule test --all
+#   make test       everything CI runs (the gate, within 30 minutes): lint, pytest (all), the Molecule scenarios of the gate
+#   make test-full  nightly and before a release: make test + the kernel, driver and vllm scenarios (tests/stages.sh says why)
 #   make test-fast  lint + pytest, no containers (minutes)
 #   make vllm-venv  vLLM's CPU build in .cache/vllm-venv (the tests' vLLM servers; make test builds it)
 #   make role-docs  write each role's defaults/main.yml and README variable table from its meta/argument_specs.yml
@@ -17,7 +18,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv vllm-venv platform image node demo lint pytest molecule test test-fast lock clean-node role-docs
+.PHONY: help venv vllm-venv platform image node demo lint pytest molecule test test-full test-fast lock clean-node role-docs
 
 help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
@@ -91,11 +92,14 @@ molecule: venv image
 
 test-fast: lint pytest
 
-# Every stage, in two lanes side by side (lint, pytest and two scenarios; the other scenarios),
-# stopping at the first failure, with each stage's time at the end (tests/stages.sh).
-# TEST_LANES=1 runs them one after another.
+# Every stage of a tier, in two lanes side by side (lint, pytest and a scenario; the other
+# scenarios), stopping at the first failure, with each stage's time at the end (tests/stages.sh).
+# TEST_LANES=1 runs them one after another; TEST_LIST=1 prints them.
 test: venv vllm-venv image
 	bash tests/stages.sh
+
+test-full: venv vllm-venv image
+	TEST_TIER=full bash tests/stages.sh
 
 # Re-resolve the locks after editing requirements/*.in (needs the registries; not part of CI).
 # The host locks carry every wheel's sha256 (--generate-hashes): the controller's download and the

@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# `make test`: every stage CI runs, stopping at the first failure, and a summary of where the time
-# went printed at the end either way (docs/benchmarks.md records one).
+# `make test` / `make test-full`: every stage of the tier, stopping at the first failure, and a
+# summary of where the time went printed at the end either way (docs/benchmarks.md records one).
+#   Two tiers (TEST_TIER): "gate" (`make test`, what CI runs on every change: within 30 minutes on
+#   a quiet 2-core machine) and "full" (`make test-full`, nightly and before a release: the gate
+#   plus the scenarios that build the platform from source and the vLLM target on real systemd).
+#   Why the full tier's extra stages are not in the gate: on a 2-core machine the whole suite is
+#   about 44 minutes of CPU-bound work, so a third of it has to run less often; these are the ones
+#   whose code changes least (the kernel and driver roles) or whose data path the gate proves
+#   another way (pytest's real vLLM servers feed the real trainer: tests/unit/test_vllm_target.py;
+#   the server units' rendering: tests/playbooks/test_vllm_server_units.py). docs/benchmarks.md,
+#   "The test suite's time", has the figures behind the split.
 #   Two lanes side by side, each its stages in order:
-#     lane 1: lint (the quickest to fail), pytest, then the vllm and staging scenarios (vllm after
-#             pytest: the suite's own vLLM servers are gone by then, so two engines never share RAM)
-#     lane 2: the other Molecule scenarios, kernel first (it leaves the built kernel's .debs in
-#             .cache/kernel-debs, which the driver scenario builds its module against)
+#     lane 1: lint (the quickest to fail), pytest, then the staging scenario; in the full tier the
+#             vllm scenario after pytest (the suite's own vLLM servers are gone by then, so two
+#             engines never share RAM)
+#     lane 2: the other Molecule scenarios; in the full tier kernel and driver first (kernel leaves
+#             the built kernel's .debs in .cache/kernel-debs, which the driver scenario builds its
+#             module against)
 #   Why lanes: pytest runs one torch thread, and a scenario waits for much of its time (restart
 #   delays, stops, polls); side by side, one lane's waits are filled with the other's work
 #   (docs/benchmarks.md has the figures). The lanes hold about the same work; every scenario still
@@ -15,25 +26,38 @@
 # step, which removes any node containers left). Lane 2 prints live; lane 1's output is printed
 # whole when each of its stages ends. The summary ends with a failed stage's failure lines
 # (tests/failure_lines.py), so the reason is in the output's last lines, not only in its middle.
-# TEST_LANES=1 runs every stage one after another, lane 1's then lane 2's.
+# TEST_LANES=1 runs every stage one after another, lane 1's then lane 2's; TEST_LIST=1 prints them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-LANE1=(lint pytest "molecule vllm" "molecule staging")
-LANE2=("molecule kernel" "molecule driver" "molecule faults" "molecule cluster" "molecule launch"
-       "molecule cuda" "molecule lxc")
+TIER=${TEST_TIER:-gate}
+GATE1=(lint pytest "molecule staging")
+GATE2=("molecule faults" "molecule cluster" "molecule launch" "molecule cuda" "molecule lxc")
+FULL1=("molecule vllm")                      # in lane 1 after pytest
+FULL2=("molecule kernel" "molecule driver")  # in lane 2 before the gate's scenarios
+case "$TIER" in
+  gate) LANE1=("${GATE1[@]}"); LANE2=("${GATE2[@]}") ;;
+  full) LANE1=("${GATE1[@]:0:2}" "${FULL1[@]}" "${GATE1[@]:2}"); LANE2=("${FULL2[@]}" "${GATE2[@]}") ;;
+  *) echo "make test: unknown TEST_TIER '$TIER' (fix: gate or full)" >&2; exit 2 ;;
+esac
 
-# Every scenario directory must be in exactly one lane: a new scenario fails here, never skipped.
+# Every scenario directory must be in exactly one stage list: a new scenario fails here, never skipped.
 check_lanes() {
   local dir scenario
   for dir in molecule/*/molecule.yml; do
     scenario=$(basename "$(dirname "$dir")")
-    if [ "$(printf '%s\n' "${LANE1[@]}" "${LANE2[@]}" | grep -cx "molecule $scenario")" -ne 1 ]; then
-      echo "make test: scenario '$scenario' is in no lane (or two); fix: add it to LANE1 or LANE2 in tests/stages.sh" >&2
+    if [ "$(printf '%s\n' "${GATE1[@]}" "${GATE2[@]}" "${FULL1[@]}" "${FULL2[@]}" | grep -cx "molecule $scenario")" -ne 1 ]; then
+      echo "make test: scenario '$scenario' is in no stage list (or two); fix: add it to GATE1/GATE2 (every run) or FULL1/FULL2 (make test-full) in tests/stages.sh" >&2
       exit 2
     fi
   done
 }
+
+check_lanes
+if [ -n "${TEST_LIST:-}" ]; then  # TEST_LIST=1: print the tier's stages, one lane a line, and run nothing
+  (IFS=,; echo "lane 1: ${LANE1[*]}"; echo "lane 2: ${LANE2[*]}")
+  exit 0
+fi
 
 run_stage() {  # run_stage NAME: the stage's command
   case "$1" in
@@ -106,7 +130,7 @@ summary() {
     python3 tests/failure_lines.py "${failed%.failed}.log" | sed 's/^/  /'
   done
   echo
-  echo "make test: time per stage"
+  echo "make test: time per stage (tier $TIER)"
   local id name secs result total=0
   for id in 1 2 serial; do
     [ -f "$RECORDS/$id" ] || continue
@@ -123,8 +147,6 @@ summary() {
   [ "$total" -gt "$TOTAL0" ] && printf '  %-22s %6d %%  (of all cores, the whole machine)\n' "CPU busy" \
     $(( 100 * (busy - BUSY0) / (total - TOTAL0) ))
 }
-
-check_lanes
 
 if [ "${TEST_LANES:-2}" = 1 ]; then
   lane serial live "${LANE1[@]}" "${LANE2[@]}"

@@ -2,7 +2,7 @@
 #   make demo       the main job: platform, node image, local node, provision, train, diagnose, collect
 #   make clean-node remove the local node container
 #   make test       everything CI runs (the gate, within 30 minutes): lint, pytest (all), the Molecule scenarios of the gate
-#   make test-full  nightly and before a release: make test + the kernel, driver and vllm scenarios (tests/stages.sh says why)
+#   make test-full  nightly and before a release: make test + the kernel, driver, vllm and cluster scenarios (tests/stages.sh says why)
 #   make test-fast  lint + pytest, no containers (minutes)
 #   make vllm-venv  vLLM's CPU build in .cache/vllm-venv (the tests' vLLM servers; make test builds it)
 #   make role-docs  write each role's defaults/main.yml and README variable table from its meta/argument_specs.yml

@@ -93,7 +93,8 @@ molecule: venv image
 test-fast: lint pytest
 
 # Every stage of a tier, in two lanes side by side (lint and pytest, then the full tier's vllm and
-# cluster scenarios; the other scenarios), stopping at the first failure, with each stage's time at the end (tests/stages.sh).
+# cluster scenarios; the other scenarios), stopping at the first failure, with each stage's time
+# at the end (tests/stages.sh).
 # TEST_LANES=1 runs them one after another; TEST_LIST=1 prints them.
 test: venv vllm-venv image
 	bash tests/stages.sh

@@ -1,7 +1,7 @@
 """tests/stages.sh's tiers: `make test` (the gate CI runs) and `make test-full` (the gate plus the
 scenarios that run nightly). Every Molecule scenario runs in the full tier exactly once, the gate
-is a part of it, and a stage list naming no scenario directory, or a tier of another name, fails
-before anything runs."""
+is a part of it, and a scenario directory that no stage list names, or a tier of another name,
+fails before anything runs."""
 
 import os
 import subprocess

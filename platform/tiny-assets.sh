@@ -8,6 +8,7 @@
 #     KIND phrase (default): dflash-tiny, the phrase-language target of the demo and the fast tests
 #          text: dflash-tiny-text, a target trained on Python standard-library source (minutes)
 #          hybrid: dflash-tiny --arch qwen3_5, the phrase language on the Qwen3.5/3.6 hybrid layout
+#          text-hybrid: dflash-tiny-text --arch qwen3_5, the real-text target on the hybrid layout
 #   DFLASH_TINY / DFLASH_TINY_TEXT: the program to run (default: the .venv's)
 #   PYTHON: the interpreter that runs tinytext (default: the .venv's)
 set -euo pipefail
@@ -26,13 +27,14 @@ case "$kind" in
     recipe=("$root/trainer/flashfleet_trainer/tiny.py")
     sources=""
     prefix=tiny-hybrid ;;
-  text)
+  text|text-hybrid)
     if [ -n "${DFLASH_TINY_TEXT:-}" ]; then make=("$DFLASH_TINY_TEXT"); else make=("$py" -m flashfleet_trainer.tinytext); fi
     recipe=("$root/trainer/flashfleet_trainer/tiny.py" "$root/trainer/flashfleet_trainer/tinytext.py")
     sources=$("${make[@]}" --list-sources)
-    prefix=tiny-text ;;
+    prefix=tiny-$kind
+    [ "$kind" = text ] || make+=(--arch qwen3_5) ;;
   *)
-    echo "tiny assets: unknown kind '$kind' (fix: pass phrase, hybrid or text)" >&2
+    echo "tiny assets: unknown kind '$kind' (fix: pass phrase, hybrid, text or text-hybrid)" >&2
     exit 2 ;;
 esac
 key=$( { cat "${recipe[@]}" "$root/requirements/controller.lock"; echo "seed=$seed"; [ -z "$sources" ] || echo "$sources"; } \

@@ -6,7 +6,8 @@
 
 --target text (default) is `dflash-tiny-text`'s target (Python stdlib source, bytes; 2 decoder
 layers, so the drafter reads layers 0,1: the trainer's default needs 4); --target hybrid is
-`dflash-tiny --arch qwen3_5`'s (the Qwen3.5/3.6 layout, phrase language). Both are built once and
+`dflash-tiny --arch qwen3_5`'s (the Qwen3.5/3.6 layout, phrase language); --target text-hybrid
+the real-text target on that layout (4 layers). Each is built once and
 cached by platform/tiny-assets.sh (or --assets DIR). Every trained setting gets the same optimizer
 steps, micro-batch and drafter, for each seed; the untrained drafter (dflash-eval --random-drafter,
 one layer, same seed) is the floor. Each trained drafter is exported (dflash-export: bf16, what a
@@ -61,8 +62,9 @@ NOT_SERVED_ON_CPU = {"dflash2", "dflash2-argmax"}
 # against DFlash 2 with either label
 GROUPS = {"LABELS": ["untrained", "ce-streak", "ce-argmax-streak", "kl-T1-w0.7-streak", "kl-T1-w0.7-argmax-streak"],
           "DFLASH2": ["ce-streak", "dflash2", "ce-argmax-streak", "dflash2-argmax"]}
-# the 2-layer text target: the trainer's default target layers need 4 layers, so both of its layers
-TARGET_LAYERS = {"text": "0,1", "hybrid": None}
+# the 2-layer text target: the trainer's default target layers need 4 layers, so both of its layers;
+# the hybrid ones (4 layers) take the trainer's default
+TARGET_LAYERS = {"text": "0,1", "hybrid": None, "text-hybrid": None}
 TEMPERATURES = (0.0, 1.0)  # vLLM's judge: each with its default greedy drafts
 # dflash-eval's measures: (temperature, draft_sample_method); at T=1 both protocols, the greedy-drafts
 # one being what vLLM serves by default (docs/trainer.md, "Sampled tau, two protocols")
@@ -105,7 +107,7 @@ def train_job(a, assets, name, seed, out):
     if (run_dir / "export" / "config.json").exists():
         return json.loads((run_dir / "wall.json").read_text())["train_s"]
     layers = ["--target-layers", a.target_layers] if a.target_layers else []
-    if a.target == "hybrid" and a.device == "cuda":  # the tiny hybrid's Gated-DeltaNet layers: torch's path is fine
+    if a.target in ("hybrid", "text-hybrid") and a.device == "cuda":  # the tiny hybrid's Gated-DeltaNet layers: torch's path is fine
         layers.append("--allow-slow-linear-attention")
     cmd = [*tool("dflash-train"), "--target-model", str(assets / "model"), "--data-dir", str(assets / "data"),
            "--output-dir", str(run_dir), "--target-gpus", a.gpu, "--drafter-gpus", a.gpu,
@@ -180,7 +182,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help=f"a check that it works end to end on 2 cores: {QUICK}")
     p.add_argument("--target", choices=sorted(TARGET_LAYERS), default="text", help="text: dflash-tiny-text's; "
-                   "hybrid: dflash-tiny --arch qwen3_5's (default text)")
+                   "hybrid: dflash-tiny --arch qwen3_5's; text-hybrid: dflash-tiny-text --arch qwen3_5's "
+                   "(default text)")
     p.add_argument("--assets", type=Path, default=None, help="a dflash-tiny-text or dflash-tiny output (default: "
                    "built or reused by platform/tiny-assets.sh 0 TARGET)")
     p.add_argument("--target-layers", default=None, help="the drafter's target layers (default: 0,1 for the "

@@ -59,9 +59,11 @@ def _scratch_tree(tmp_path):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, root / rel)
     fake = tmp_path / "fake-tiny-text"
-    # the stand-in: --list-sources prints what the real one would; a build writes tiny.json and counts itself
+    # the stand-in: --list-sources prints what the real one would; a build writes tiny.json (its
+    # arguments in it) into its last argument and counts itself
     fake.write_text("#!/bin/sh\nif [ \"$1\" = --list-sources ]; then cat \"$SOURCES_FILE\"; exit 0; fi\n"
-                    "mkdir -p \"$3\" && echo '{}' > \"$3/tiny.json\" && echo built >> \"$BUILDS\"\n")
+                    "for a; do out=$a; done\n"
+                    "mkdir -p \"$out\" && echo \"{\\\"args\\\": \\\"$*\\\"}\" > \"$out/tiny.json\" && echo built >> \"$BUILDS\"\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     return root, fake
 
@@ -87,10 +89,13 @@ def test_text_assets_cached_by_recipe_seed_and_sources(tmp_path):
     with open(root / "trainer/flashfleet_trainer/tinytext.py", "a") as f:
         f.write("# a changed recipe\n")
     assert assets("0", "text") != first
-    assert builds.read_text().count("built") == 4
+    hybrid = assets("0", "text-hybrid")  # the same text on the hybrid layout: its own folder
+    assert hybrid.name.startswith("tiny-text-hybrid-") and hybrid.parent == first.parent
+    assert json.loads((hybrid / "tiny.json").read_text())["args"].startswith("--arch qwen3_5 --seed 0 ")
+    assert builds.read_text().count("built") == 5
     bad = subprocess.run(["bash", str(root / "platform/tiny-assets.sh"), "0", "prose"], env=env,
                          capture_output=True, text=True)
-    assert bad.returncode == 2 and "unknown kind 'prose' (fix: pass phrase, hybrid or text)" in bad.stderr
+    assert bad.returncode == 2 and "unknown kind 'prose' (fix: pass phrase, hybrid, text or text-hybrid)" in bad.stderr
 
 
 # ---- the real assets (built once per content, minutes; reused from the cache) --------------------

@@ -16,9 +16,11 @@ Decisions (docs/trainer.md repeats them):
 - Tokens: bytes. id = byte + 1 (1..256), 0 = pad, 257 = the spare row the drafter uses as its
   mask token (vocab_size - 1, the trainer's default for a small vocabulary). No tokenizer to
   train, version or ship, and nothing about the text is hidden by a learned merge table.
-- Target: a transformers Qwen3ForCausalLM (as dflash-tiny's), trained with a fixed seed on
-  random windows of the training text, then sampled at temperature 1 (full distribution) from
-  prompts cut at line starts of the training text: those completions are the drafter's data.
+- Target: a transformers Qwen3ForCausalLM (as dflash-tiny's), or with `--arch qwen3_5` the
+  hybrid Qwen3.5/3.6 layout (dflash-tiny's, 4 layers: Gated DeltaNet x3, full attention, saved
+  under its multimodal wrapper), trained with a fixed seed on random windows of the training text,
+  then sampled at temperature 1 (full distribution) from prompts cut at line starts of the
+  training text: those completions are the drafter's data.
 
 Writes the same layout as dflash-tiny, so dflash-train and dflash-eval take it unchanged:
     OUT/model/                      config.json + model.safetensors
@@ -139,20 +141,27 @@ def heldout_loss(model, corpus: Corpus, n=32, seq_len=256) -> float:
         return float(model(input_ids=x, labels=x).loss)
 
 
-def build(out, seed=0, hidden=128, layers=2, steps=400, batch=16, seq_len=128, num_seqs=384, prompt_len=32,
-          completion_len=64, num_eval=48, eval_prompt_len=64, stdlib=None, log=log_line):
+# decoder layers by architecture: the Qwen3 target's two are enough for real-text uncertainty; the
+# hybrid needs four for one full-attention layer after its three linear-attention ones
+LAYERS = {"qwen3": 2, "qwen3_5": 4}
+
+
+def build(out, seed=0, hidden=128, layers=None, steps=400, batch=16, seq_len=128, num_seqs=384, prompt_len=32,
+          completion_len=64, num_eval=48, eval_prompt_len=64, stdlib=None, log=log_line, arch="qwen3"):
     from .tiny import one_thread
 
+    if arch not in LAYERS:
+        raise ValueError(f"arch {arch!r} is not one of {tuple(LAYERS)}")
     with one_thread():  # the same result on every machine, and faster beside a busy core
-        return _build(Path(out), seed, hidden, layers, steps, batch, seq_len, num_seqs, prompt_len, completion_len,
-                      num_eval, eval_prompt_len, stdlib, log)
+        return _build(Path(out), seed, hidden, layers or LAYERS[arch], steps, batch, seq_len, num_seqs, prompt_len,
+                      completion_len, num_eval, eval_prompt_len, stdlib, log, arch)
 
 
 def _build(out, seed, hidden, layers, steps, batch, seq_len, num_seqs, prompt_len, completion_len, num_eval,
-           eval_prompt_len, stdlib, log):
+           eval_prompt_len, stdlib, log, arch):
     import torch
 
-    from .tiny import make_target, sample, write_train_data
+    from .tiny import make_hybrid_target, make_target, sample, save_wrapped, write_train_data
 
     t0 = time.time()
     root = Path(stdlib or sysconfig.get_paths()["stdlib"])
@@ -161,12 +170,18 @@ def _build(out, seed, hidden, layers, steps, batch, seq_len, num_seqs, prompt_le
     held = Corpus(root, [f for f in files if f["split"] == "heldout"], np.random.default_rng([seed, 2]))
     log(f"tiny text target: {len(train.ids)} training bytes from {sum(f['split'] == 'train' for f in files)} "
         f"stdlib files, {len(held.ids)} held out; {steps} steps of {batch} x {seq_len} bytes")
-    model = make_target(VOCAB, hidden, layers, seed)
+    if arch == "qwen3_5":
+        model, wrapped_cfg = make_hybrid_target(VOCAB, hidden, layers, seed)
+    else:
+        model = make_target(VOCAB, hidden, layers, seed)
     loss = train_target(model, train, steps, batch, seq_len, log=log)
     held_loss = heldout_loss(model, held)
     log(f"tiny text target: held-out loss {held_loss:.3f} nats/byte; sampling {num_seqs} completions")
     (out / "model").mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out / "model")
+    if arch == "qwen3_5":
+        save_wrapped(model, wrapped_cfg, out / "model", seed)
+    else:
+        model.save_pretrained(out / "model")
 
     rows = []
     prompts = train.line_prompts(num_seqs, prompt_len)
@@ -176,7 +191,7 @@ def _build(out, seed, hidden, layers, steps, batch, seq_len, num_seqs, prompt_le
     with open(out / "data" / layout.EVAL_PROMPTS, "w") as f:
         for p in held.line_prompts(num_eval, eval_prompt_len):
             f.write(json.dumps({"set": EVAL_SET, "input_ids": p.tolist()}) + "\n")
-    info = {"kind": "text", "arch": "qwen3", "seed": seed, "tokens": "bytes: id = byte + 1, 0 = pad, 257 = mask row",
+    info = {"kind": "text", "arch": arch, "seed": seed, "tokens": "bytes: id = byte + 1, 0 = pad, 257 = mask row",
             "vocab_size": VOCAB, "hidden_size": hidden, "num_layers": layers, "train_steps": steps,
             "batch": batch, "seq_len": seq_len, "final_lm_loss": loss, "heldout_lm_loss": held_loss,
             "num_sequences": num_seqs, "prompt_len": prompt_len, "completion_len": completion_len,
@@ -189,10 +204,13 @@ def _build(out, seed, hidden, layers, steps, batch, seq_len, num_seqs, prompt_le
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="dflash-tiny-text", description="Write a tiny Qwen3 target trained on Python "
+    p = argparse.ArgumentParser(prog="dflash-tiny-text", description="Write a tiny Qwen3 (or hybrid Qwen3.5) target trained on Python "
                                 "standard-library source (OUT/model), completions sampled from it (OUT/data) and "
                                 "held-out prompts (OUT/data/eval/prompts.jsonl). Deterministic from --seed.")
     p.add_argument("out", nargs="?")
+    p.add_argument("--arch", choices=tuple(LAYERS), default="qwen3",
+                   help="qwen3: a 2-layer Qwen3ForCausalLM; qwen3_5: the hybrid Qwen3.5/3.6 layout, 4 layers "
+                        "(Gated-DeltaNet x3, full attention), saved under its multimodal wrapper")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-steps", type=int, default=400)
     p.add_argument("--num-sequences", type=int, default=384)
@@ -210,7 +228,7 @@ def main(argv=None):
         return 0
     if not a.out:
         p.error("OUT is required")
-    build(a.out, seed=a.seed, steps=a.train_steps, num_seqs=a.num_sequences)
+    build(a.out, seed=a.seed, steps=a.train_steps, num_seqs=a.num_sequences, arch=a.arch)
     return 0
 
 

@@ -42,6 +42,7 @@ def fused_linear_distill_loss(
     skip_tiles: bool | None = None,
     skip_mass: float | None = None,
     skip_report: dict | None = None,
+    top_k: int = 0,
 ):
     """Per-row-weighted ``(1 - a) * CE + a * T^2 * KL(teacher || student)`` over ``z = h W^T``.
 
@@ -74,14 +75,20 @@ def fused_linear_distill_loss(
             pairs whose share of each row's gradient wrt the logits is within ``skip_mass`` out of
             the gradient GEMM, and report what was left out (off by default, see
             ``distill_loss.SKIP_TILES``). The torch reference always computes the whole gradient.
+        top_k: above 0, also return each row's ``top_k`` largest student logits' ids (int64
+            ``[N, top_k]``, best first, no gradient), taken from the logits the loss computes
+            anyway: DFlash 2's candidate selector needs them, and a second pass over the
+            vocabulary would cost one more ``N x d x V`` GEMM.
 
     Returns:
-        The scalar fp32 loss, or ``(loss, row_ce, row_argmax_correct)`` with ``return_row_stats``.
+        The scalar fp32 loss, or ``(loss, row_ce, row_argmax_correct)`` with ``return_row_stats``;
+        with ``top_k`` the ids are appended: ``(loss, top_ids)`` or ``(loss, row_ce,
+        row_argmax_correct, top_ids)``.
     """
     if impl == "auto":
         impl = "triton" if student_hidden.is_cuda and triton_fused_linear_distill_loss is not None else "torch"
     kwargs = dict(temperature=temperature, kl_weight=kl_weight, ignore_index=ignore_index,
-                  return_row_stats=return_row_stats, row_group=row_group)
+                  return_row_stats=return_row_stats, row_group=row_group, top_k=top_k)
     if impl == "torch":
         if teacher_fp8:
             raise ValueError("teacher_fp8 is an option of the Triton path; the torch reference has no FP8 GEMM")

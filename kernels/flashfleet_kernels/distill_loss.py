@@ -49,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .reference import check_top_k
+
 # Fixed workspace for the per-chunk logits. 768 MiB leaves room for the [N, d] gradient under the
 # 1 GiB "extra memory" goal at N=16k, d=5120, bf16.
 DEFAULT_WORKSPACE_BYTES = 768 * 1024 * 1024
@@ -631,7 +633,7 @@ class ChunkLoop:
     def __init__(self, h_s, h_t, weight, labels, row_weights, *, temperature, kl_weight, ignore_index,
                  want_argmax=False, chunk_size=None, row_group=1, block_size=None, num_warps=None,
                  seg_size=None, one_logits_gemm=None, teacher_fp8=None, need_grad_h=True, need_grad_w=False,
-                 skip_tiles=None, skip_mass=None, skip_min=None, skip_gemm=None):
+                 skip_tiles=None, skip_mass=None, skip_min=None, skip_gemm=None, top_k=0):
         n_rows = h_s.shape[0]
         vocab = weight.shape[0]
         device = h_s.device
@@ -678,6 +680,8 @@ class ChunkLoop:
         self.row_ce = torch.empty(n_rows, dtype=torch.float32, device=device)
         self.row_kl = torch.zeros(n_rows, dtype=torch.float32, device=device)
         self.argmax = torch.empty(n_rows if want_argmax else 1, dtype=torch.int32, device=device)
+        self.top_k = top_k
+        self.top_ids = torch.empty(n_rows, top_k, dtype=torch.int64, device=device) if top_k else None
         self.grad_h = torch.empty_like(h_s) if need_grad_h else None
         self.grad_w = torch.zeros_like(weight) if need_grad_w else None
         self.kernels = _row_kernels_for(device)
@@ -771,7 +775,11 @@ class ChunkLoop:
     def rows(self, k):
         """The row kernels on chunk k: statistics (per segment, then merged per row), then
         d loss / d z_s in place of the student logits. A weight function runs in between, on the
-        chunk's CE."""
+        chunk's CE. With ``top_k`` the rows' top-k student logits are taken first, while the
+        workspace still holds them (DFlash 2's candidates: no logits GEMM of their own)."""
+        if self.top_k:
+            start, end, z_s, _ = self._views(k)
+            self.top_ids[start:end] = z_s.topk(self.top_k, dim=-1).indices
         self._launch(k, 1)
         if self.weight_fn is not None:
             start, end = self.bounds[k]
@@ -863,25 +871,26 @@ class _FusedLinearDistillLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_s, h_t, weight, labels, row_weights, temperature, kl_weight, ignore_index,
                 want_argmax, chunk_size, block_size, num_warps, row_group, seg_size, one_logits_gemm, teacher_fp8,
-                skip_tiles, skip_mass, skip_min, skip_report):
+                skip_tiles, skip_mass, skip_min, skip_report, top_k):
         loop = ChunkLoop(h_s, h_t, weight, labels, row_weights, temperature=temperature, kl_weight=kl_weight,
                          ignore_index=ignore_index, want_argmax=want_argmax, chunk_size=chunk_size,
                          row_group=row_group, block_size=block_size, num_warps=num_warps, seg_size=seg_size,
                          one_logits_gemm=one_logits_gemm, teacher_fp8=teacher_fp8,
                          need_grad_h=ctx.needs_input_grad[0], need_grad_w=ctx.needs_input_grad[2],
-                         skip_tiles=skip_tiles, skip_mass=skip_mass, skip_min=skip_min)
+                         skip_tiles=skip_tiles, skip_mass=skip_mass, skip_min=skip_min, top_k=top_k)
         loop.run()
         if skip_report is not None:
             skip_report.update(loop.skip_report())
         loss, inv_norm = loop.loss()
         valid = loop.valid
         correct = (loop.argmax.long() == labels) & valid if want_argmax else torch.zeros_like(valid)
+        top_ids = loop.top_ids if top_k else torch.empty(0, dtype=torch.int64, device=h_s.device)
         ctx.save_for_backward(loop.grad_h, loop.grad_w, inv_norm)
-        ctx.mark_non_differentiable(loop.row_ce, correct)
-        return loss, loop.row_ce, correct
+        ctx.mark_non_differentiable(loop.row_ce, correct, top_ids)
+        return loss, loop.row_ce, correct, top_ids
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_ce, _grad_correct):
+    def backward(ctx, grad_loss, _grad_ce, _grad_correct, _grad_top):
         grad_h, grad_w, inv_norm = ctx.saved_tensors
 
         def scaled(g):
@@ -894,7 +903,7 @@ class _FusedLinearDistillLoss(torch.autograd.Function):
 
         # Out of place so that a retained graph can be backpropagated more than once.
         return (scaled(grad_h), None, scaled(grad_w), None, None, None, None, None, None, None, None, None,
-                None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None)
 
 
 def prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights, *, temperature,
@@ -946,6 +955,7 @@ def triton_fused_linear_distill_loss(
     skip_mass: float | None = None,
     skip_report: dict | None = None,
     skip_min: float | None = None,
+    top_k: int = 0,
 ):
     """The fused path. Same contract as :func:`flashfleet_kernels.fused_linear_distill_loss`.
 
@@ -969,11 +979,13 @@ def triton_fused_linear_distill_loss(
     """
     h_s, h_t, weight, y, w = prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights,
                                             temperature=temperature, kl_weight=kl_weight, row_group=row_group)
-    loss, row_ce, correct = _FusedLinearDistillLoss.apply(
+    check_top_k(top_k, weight.shape[0])
+    loss, row_ce, correct, top_ids = _FusedLinearDistillLoss.apply(
         h_s, h_t, weight, y, w, float(temperature), float(kl_weight), int(ignore_index),
         bool(return_row_stats), chunk_size, block_size, num_warps, int(row_group), seg_size, one_logits_gemm,
-        teacher_fp8, skip_tiles, skip_mass, skip_min, skip_report,
+        teacher_fp8, skip_tiles, skip_mass, skip_min, skip_report, int(top_k),
     )
-    if return_row_stats:
-        return loss, row_ce, correct
-    return loss
+    out = (loss, row_ce, correct) if return_row_stats else (loss,)
+    if top_k:
+        out += (top_ids,)
+    return out if len(out) > 1 else loss

@@ -40,12 +40,15 @@ def reference_fused_linear_distill_loss(
     ignore_index: int = -100,
     return_row_stats: bool = False,
     row_group: int = 1,
+    top_k: int = 0,
 ):
     """Weighted CE + temperature-scaled forward KL, computed the obvious way.
 
     Returns the scalar loss, or ``(loss, row_ce, row_argmax_correct)`` when ``return_row_stats``:
     ``row_ce`` is the detached fp32 per-row cross-entropy (0 for ignored rows) and
     ``row_argmax_correct`` is a bool per row, ``argmax(z_s) == y`` (False for ignored rows).
+    ``top_k > 0`` appends ``top_ids``, int64 ``[N, top_k]``: each row's ``top_k`` largest student
+    logits' ids, best first (every row, ignored or not).
 
     ``row_weights`` may be a function ``f(row_ce, start, end)`` of the detached fp32 CE of rows
     ``start:end`` returning their weights; here it is called once on all rows. It must treat every
@@ -55,6 +58,7 @@ def reference_fused_linear_distill_loss(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if kl_weight != 0 and teacher_hidden is None:
         raise ValueError("kl_weight != 0 needs teacher_hidden")
+    check_top_k(top_k, lm_head_weight.shape[0])
     compute = torch.float64 if student_hidden.dtype == torch.float64 else torch.float32
     h_s = _flatten(student_hidden).to(compute)
     weight = lm_head_weight.to(compute)
@@ -81,7 +85,15 @@ def reference_fused_linear_distill_loss(
 
     total = w.sum()
     loss = (w * row_loss).sum() / torch.where(total > 0, total, torch.ones_like(total))
-    if not return_row_stats:
-        return loss
-    correct = (z_s.detach().argmax(dim=-1) == y) & valid
-    return loss, ce.detach().float(), correct
+    out = (loss,)
+    if return_row_stats:
+        out += (ce.detach().float(), (z_s.detach().argmax(dim=-1) == y) & valid)
+    if top_k:
+        out += (z_s.detach().topk(top_k, dim=-1).indices,)
+    return out if len(out) > 1 else loss
+
+
+def check_top_k(top_k: int, vocab: int) -> None:
+    """Both paths' check of ``top_k``: 0 (off) up to the vocabulary."""
+    if not 0 <= top_k <= vocab:
+        raise ValueError(f"top_k must be between 0 (off) and the vocabulary of {vocab}, got {top_k}")

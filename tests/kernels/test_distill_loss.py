@@ -330,3 +330,34 @@ def test_one_logits_gemm_matches_reference(kl_weight):
     torch.testing.assert_close(loss, r_loss, atol=2e-5, rtol=2e-4)
     torch.testing.assert_close(ce, r_ce, atol=2e-5, rtol=2e-4)
     torch.testing.assert_close(g, r_g, atol=2e-6, rtol=2e-4)
+
+
+@needs_triton
+@pytest.mark.parametrize("kl_weight", [0.0, 0.7])
+def test_top_k_ids_from_the_loss_pass_match_the_reference(kl_weight):
+    """DFlash 2's candidates come out of the loss's own logits: each row's top-k student logit ids,
+    best first, over several chunks (the workspace is overwritten by the gradient after them), with
+    the loss and its gradient unchanged by asking."""
+    inputs = _inputs(torch.float32)
+    kw = dict(temperature=2.0, kl_weight=kl_weight)
+    (loss, ce, ok, top), g, _ = _loss_and_grads(triton_fused_linear_distill_loss, *inputs, chunk_size=16,
+                                                block_size=256, top_k=5, **kw)
+    (r_loss, r_ce, r_ok, r_top), r_g, _ = _loss_and_grads(reference_fused_linear_distill_loss, *inputs, top_k=5,
+                                                          **kw)
+    z = inputs[0] @ inputs[2].T
+    assert top.shape == (N, 5) and top.dtype == torch.int64
+    assert torch.equal(top, z.topk(5, dim=-1).indices) and torch.equal(r_top, top)  # every row, ignored too
+    (plain, _, _), plain_g, _ = _loss_and_grads(triton_fused_linear_distill_loss, *inputs, chunk_size=16,
+                                                block_size=256, **kw)
+    assert torch.equal(loss, plain) and torch.equal(g, plain_g)
+    torch.testing.assert_close(loss, r_loss.float(), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_top_k_return_shapes_and_refusals(impl):
+    h_s, h_t, weight, labels, row_weights = _inputs(torch.float32, n=8)
+    loss, top = fused_linear_distill_loss(h_s, None, weight, labels, row_weights, impl=impl, top_k=3)
+    assert loss.ndim == 0 and top.shape == (8, 3)
+    for bad in (-1, V + 1):
+        with pytest.raises(ValueError, match="top_k must be between 0"):
+            fused_linear_distill_loss(h_s, None, weight, labels, row_weights, impl=impl, top_k=bad)

@@ -369,3 +369,34 @@ def test_the_vllm_serve_check_refuses_another_block(tmp_path, trainer_tiny, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == EX_CONFIG and len(err) == 1 and "row % 8" in err[0] and "--num-speculative-tokens 3" in err[0]
     assert vllm_serve_check.block_size_problem(out, B - 1) is None
+
+
+def test_selector_candidates_from_the_unary_loss_equal_its_own_pass():
+    """The trainer hands selector_loss the top-k the unary loss took from its own logits
+    (drafter_loss(top_k=K)); the loss, its statistics and its gradient equal those of the
+    selector's own pass over the vocabulary (unary_top_k)."""
+    from flashfleet_trainer.dflash2 import unary_top_k
+    from flashfleet_trainer.loss import drafter_loss, get_loss_fn
+
+    mine, _, _ = _selectors(top_k=4)
+    torch.manual_seed(3)
+    n = 6
+    hidden, head = torch.randn(n, B, H), torch.randn(V, H)
+    labels = torch.randint(0, V, (n, B))
+    labels[:, 0] = IGNORE
+    labels[2, 3:] = IGNORE
+    prev = torch.randint(0, V, (n, B))
+    _, st = drafter_loss(hidden, None, head, labels, loss_fn=get_loss_fn("torch")[0], weighting="streak",
+                         top_k=mine.top_k, host_stats=False)
+    rows = hidden[:, 1:].reshape(-1, H)
+    assert st["top_ids"].shape == (n, B - 1, 4)
+    assert torch.equal(st["top_ids"].reshape(-1, 4), unary_top_k(rows, head, 4))
+    got, want = [], []
+    for out, cand in ((got, st["top_ids"]), (want, None)):
+        h = hidden.clone().requires_grad_()
+        loss, stats = selector_loss(mine, h[:, 1:], head, st["labels"], prev[:, 1:], st["weights"][:, 1:],
+                                    candidates=cand)
+        loss.backward()
+        out += [loss.detach(), stats["correct"], stats["found"], h.grad]
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)

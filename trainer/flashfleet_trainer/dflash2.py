@@ -29,7 +29,9 @@ loss = unary loss + alpha * selector loss, the selector loss a K-way CE over eac
 top-k with the label injected at rank K when absent, prev teacher-forced (the data's previous
 token), the unary loss's position weights. The unary scores of the K candidates are hidden . E[c]
 for the frozen head E (`candidate_logits`, its gradient to the hidden rows only); only choosing
-the top k needs logits over the vocabulary (`unary_top_k`, no gradient, in row chunks).
+the top k needs logits over the vocabulary: the trainer takes them from the unary loss's own
+logits pass (`drafter_loss(top_k=...)`), `unary_top_k` is the standalone way (no gradient, in row
+chunks).
 """
 
 import torch
@@ -190,12 +192,13 @@ def training_candidates(candidates, labels):
     return ids, index, contains
 
 
-def selector_loss(selector, hidden, head, labels, predecessors, weights):
+def selector_loss(selector, hidden, head, labels, predecessors, weights, candidates=None):
     """The selector's loss and statistics for one micro-batch's predicted rows (block positions
     1..B-1). hidden [N, P, H] the drafter's final normed rows; head [V, H] the target's frozen LM
     head; labels [N, P] the unary CE's labels (IGNORE where unsupervised); predecessors [N, P] the
     token before each row (the anchor at position 1); weights [N, P] the unary loss's position
-    weights (0 where unsupervised). Returns (loss, stats): loss = sum w * CE_K / sum w, the same
+    weights (0 where unsupervised); candidates [N, P, >= top_k] the rows' unary top-k ids, best
+    first, where the unary loss already took them (else `unary_top_k` computes them). Returns (loss, stats): loss = sum w * CE_K / sum w, the same
     normalization as the unary loss; stats on the device, nothing read back: loss (detached),
     correct (teacher-forced picks equal to the label, counted where the label is among the unary
     top-k, as speculators counts its selector accuracy), found (rows whose label is among them),
@@ -204,7 +207,9 @@ def selector_loss(selector, hidden, head, labels, predecessors, weights):
     y = labels.reshape(-1)
     valid = y != IGNORE
     target = torch.where(valid, y, torch.zeros_like(y))  # an unsupervised row's CE has weight 0
-    ids, index, contains = training_candidates(unary_top_k(h, head, selector.top_k), target)
+    top = (unary_top_k(h, head, selector.top_k) if candidates is None
+           else candidates.reshape(h.shape[0], -1)[:, :selector.top_k])
+    ids, index, contains = training_candidates(top, target)
     scores = selector.scores(candidate_logits(h, head, ids), h, predecessors.reshape(-1), ids)
     ce = F.cross_entropy(scores.float(), index, reduction="none")
     w = weights.reshape(-1).float()

@@ -121,7 +121,7 @@ def target_argmax_labels(teacher_hidden, lm_head_weight, labels):
 
 def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss_fn, weighting="streak",
                  streak_alpha=0.5, decay_gamma=None, use_soft_labels=False, kl_temperature=1.0, kl_weight=0.0,
-                 ce_target="data", host_stats=True):
+                 ce_target="data", top_k=0, host_stats=True):
     """Loss and statistics for one micro-batch of blocks.
 
     student_hidden [N, B, H]: drafter output (after its final norm); teacher_hidden [N, B, H]:
@@ -132,8 +132,9 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
     Returns (loss, stats) with stats: ce (weighted mean), kl (weighted mean or None),
     acc (per position 1..B-1; NaN where no valid row), rows (valid rows), weights [N, B],
     correct and count (per position 1..B-1), labels [N, B-1] (the CE's labels of positions 1..B-1,
-    the data's or the target's argmax: DFlash 2's selector loss takes the same). Per-row CE and
-    argmax come from the loss itself.
+    the data's or the target's argmax: DFlash 2's selector loss takes the same), and with top_k > 0
+    top_ids [N, B-1, top_k] (each predicted row's top_k student logits' ids, best first: DFlash 2's
+    candidates). Per-row CE, argmax and the top-k come from the loss itself.
     With host_stats=False nothing is read back to the host: ce, kl (float64), correct, count and
     rows stay 0-d/1-d tensors on the device and acc is absent (`stats_to_host` makes the rest).
     """
@@ -162,9 +163,11 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
         hard = target_argmax_labels(teacher_hidden[:, pred], lm_head_weight, hard)
     elif ce_target != "data":
         raise ValueError(f"unknown ce_target {ce_target!r}")
-    loss, ce, correct = loss_fn(student_hidden[:, pred], teacher_hidden[:, pred] if kw > 0 else None,
-                                lm_head_weight, hard, row_weights, temperature=kl_temperature,
-                                kl_weight=kw, ignore_index=IGNORE, return_row_stats=True, row_group=p)
+    top = {"top_k": top_k} if top_k else {}
+    loss, ce, correct, *top_ids = loss_fn(student_hidden[:, pred], teacher_hidden[:, pred] if kw > 0 else None,
+                                          lm_head_weight, hard, row_weights, temperature=kl_temperature,
+                                          kl_weight=kw, ignore_index=IGNORE, return_row_stats=True, row_group=p,
+                                          **top)
     ce, correct = ce.view(n, p), correct.view(n, p)
     wsum = weights.sum().clamp_min(1e-12)
     ce_w = ((weights[:, pred] * ce).sum() / wsum).double()
@@ -173,6 +176,8 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
         kl = (loss.detach().double() - (1 - kw) * ce_w) / (kw * kl_temperature ** 2)
     stats = {"ce": ce_w, "kl": kl, "rows": valid.sum(), "weights": weights,
              "correct": correct.sum(0), "count": valid[:, pred].sum(0).float(), "labels": hard}
+    if top_ids:
+        stats["top_ids"] = top_ids[0].view(n, p, top_k)
     return loss, (stats_to_host(stats) if host_stats else stats)
 
 

@@ -413,12 +413,13 @@ class Trainer:
                                     loss_fn=self.loss_fn, weighting=a.loss_weighting, streak_alpha=a.streak_alpha,
                                     decay_gamma=a.decay_gamma, use_soft_labels=a.use_soft_labels,
                                     kl_temperature=a.kl_temperature, kl_weight=a.kl_weight, ce_target=a.ce_target,
+                                    top_k=self.drafter.selector.top_k if self.drafter.selector is not None else 0,
                                     host_stats=False)
             sel = None
             if self.drafter.selector is not None:  # DFlash 2: + alpha x the selector's K-way CE (dflash2.py)
                 sel_loss, sel = selector_loss(self.drafter.selector, student[:, 1:], self.lm_head_weight, st["labels"],
                                               blocks.predecessors[:, 1:].to(self.dev, non_blocking=True),
-                                              st["weights"][:, 1:])
+                                              st["weights"][:, 1:], candidates=st["top_ids"])
                 loss = loss + a.selector_loss_alpha * sel_loss
         (loss / a.grad_accum).backward()
         # No host sync here: the statistics stay on the device until train_step reads them, once.

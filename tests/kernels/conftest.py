@@ -19,6 +19,7 @@ if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         import flashfleet_kernels.distill_loss  # noqa: F401  (decorate the kernels as interpreted)
+        import flashfleet_kernels.grouped_conv  # noqa: F401
         import flashfleet_kernels.norm_rope  # noqa: F401
         import flashfleet_kernels.swiglu  # noqa: F401
     except ImportError:  # no triton at all: the Triton tests skip themselves

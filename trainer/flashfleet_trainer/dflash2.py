@@ -84,9 +84,10 @@ def grouped_conv(x, delta, base, block_size: int):
 
 class GroupedDynamicConv(nn.Module):
     """The convolution pair around one sublayer: `prepare` convolves its input and returns the
-    output side's delta, `finish` convolves its output with it; `conv` is grouped_conv or the same
-    compiled (the drafter's layers pass drafter._fused's). Names and shapes are the format's
-    (layers.N.attention_conv.base_kernel [2, taps, H], ...kernel_projection.weight [2*taps*G, H])."""
+    output side's delta, `finish` convolves its output with it; `conv` is grouped_conv, or what
+    drafter._grouped_conv picks on CUDA (flashfleet_kernels' Triton kernels). Names and shapes are
+    the format's (layers.N.attention_conv.base_kernel [2, taps, H], ...kernel_projection.weight
+    [2*taps*G, H])."""
 
     def __init__(self, hidden_size: int, kernel_size: int, group_size: int, block_size: int):
         super().__init__()

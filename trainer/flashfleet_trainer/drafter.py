@@ -27,11 +27,13 @@ from .dflash2 import CandidateSelector, GroupedDynamicConv, dflash2_problem, gro
 from .target import HYBRID_TEXT_TYPES, rope_theta_of, text_config_of
 
 try:  # Triton: CUDA installs; CPU-only ones keep the torch ops
+    from flashfleet_kernels.grouped_conv import grouped_conv as conv_kernel
+    from flashfleet_kernels.grouped_conv import takes_shape as conv_takes_shape
     from flashfleet_kernels.norm_rope import norm_rope as norm_rope_kernel
     from flashfleet_kernels.norm_rope import takes_head_dim
     from flashfleet_kernels.swiglu import swiglu as swiglu_kernel
 except ImportError:  # pragma: no cover - exercised only where triton is missing
-    norm_rope_kernel = swiglu_kernel = takes_head_dim = None
+    norm_rope_kernel = swiglu_kernel = takes_head_dim = conv_kernel = conv_takes_shape = None
 
 
 MASK_ROW_OF_VOCAB = dict(SPARE_MASK_ROWS.values())  # vocabulary rows -> the published drafters' mask row
@@ -382,6 +384,16 @@ def _swiglu(gate_up):
     return swiglu(gate_up)
 
 
+def _grouped_conv(x, groups):
+    """DFlash 2's convolution for x with `groups` groups: on CUDA (with FUSE_ELEMENTWISE)
+    flashfleet_kernels' Triton kernels where they take the group size (one kernel forward, one
+    backward with both coefficient gradients; compiled by inductor the same took about 10x its
+    memory traffic's time, docs/benchmarks.md), else dflash2.grouped_conv (compiled on CUDA)."""
+    if FUSE_ELEMENTWISE and x.is_cuda and conv_kernel is not None and conv_takes_shape(x.shape[-1], groups):
+        return conv_kernel
+    return _fused(grouped_conv, x)
+
+
 class DraftLayer(nn.Module):
     def __init__(self, c: DrafterConfig, layer_type: str = "full_attention"):
         super().__init__()
@@ -401,7 +413,7 @@ class DraftLayer(nn.Module):
         """x [M, H]: whole blocks, one after another (DFlash 2's convolutions take row % block size
         as the block position)."""
         h = self.input_layernorm(x)
-        conv = _fused(grouped_conv, x) if self.attention_conv is not None else None  # on CUDA compiled
+        conv = _grouped_conv(x, self.attention_conv.groups) if self.attention_conv is not None else None
         if self.attention_conv is not None:
             h, delta = self.attention_conv.prepare(h, conv)
         a = self.self_attn(h, ctx, rope_q, rope_kv, mask, ctx_kv)

@@ -1,0 +1,143 @@
+"""DFlash 2's grouped dynamic causal convolution: forward and backward in one Triton kernel each.
+
+    y[r, c] = sum_t (base[t, c] + delta[r, t, g(c)]) * x[r - t, c]    for taps t <= r % block_size
+
+x and y [M, H] are whole blocks laid out one after another; delta [M, taps, G] is shared by the
+group_size channels of group g(c) = c // group_size; base [taps, H]. A tap never reaches into the
+previous block. The math runs in fp32 and y is rounded once to x's dtype (vLLM's CUDA kernel does
+the same); the backward gives x, delta and base their gradients:
+
+    dx[r, c]        = sum_t dy[r + t, c] * (base[t, c] + delta[r + t, t, g(c)])   (tap t reaches r + t)
+    ddelta[r, t, g] = sum_{c in g} dy[r, c] * x[r - t, c]
+    dbase[t, c]     = sum_r dy[r, c] * x[r - t, c]
+
+dbase sums over every row: each program writes its rows' fp32 partial sum, and torch adds the
+partials (no atomics, so the result does not depend on the order programs run in).
+
+Why a kernel: compiled by inductor, the convolution's pad, mask and broadcasts and its backward's
+two reductions took about 43 ms of the DFlash 2 step at the Qwen3.6-27B drafter shape (one H100,
+docs/benchmarks.md), where the tensors it reads and writes take well under 5 ms to move.
+CUDA tensors (CPU ones under TRITON_INTERPRET=1, as the tests run it without a GPU); the torch
+version, the trainer's CPU path and this kernel's test oracle, is
+`flashfleet_trainer.dflash2.grouped_conv`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_ROWS, _COLS = 32, 256  # a program's tile: rows x channels (whole groups: _COLS % group_size == 0)
+
+
+@triton.jit
+def _forward_kernel(x_ptr, delta_ptr, base_ptr, y_ptr, m, h, d_row, d_tap, block_size,
+                    TAPS: tl.constexpr, GS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
+    in_r, in_c = rows < m, cols < h
+    pos = rows % block_size
+    acc = tl.zeros((ROWS, COLS), dtype=tl.float32)
+    for t in tl.static_range(TAPS):
+        reach = in_r & (pos >= t)  # tap t stays inside the block
+        both = reach[:, None] & in_c[None, :]
+        xv = tl.load(x_ptr + (rows - t)[:, None] * h + cols[None, :], mask=both, other=0.0).to(tl.float32)
+        b = tl.load(base_ptr + t * h + cols, mask=in_c, other=0.0).to(tl.float32)
+        d = tl.load(delta_ptr + rows[:, None] * d_row + t * d_tap + (cols // GS)[None, :], mask=both,
+                    other=0.0).to(tl.float32)
+        acc += (b[None, :] + d) * xv
+    tl.store(y_ptr + rows[:, None] * h + cols[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=in_r[:, None] & in_c[None, :])
+
+
+@triton.jit
+def _backward_kernel(x_ptr, delta_ptr, base_ptr, dy_ptr, dx_ptr, ddelta_ptr, dbase_ptr, m, h, groups, d_row,
+                     d_tap, block_size, TAPS: tl.constexpr, GS: tl.constexpr, ROWS: tl.constexpr,
+                     COLS: tl.constexpr):
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
+    in_r, in_c = rows < m, cols < h
+    here = in_r[:, None] & in_c[None, :]
+    pos = rows % block_size
+    dy = tl.load(dy_ptr + rows[:, None] * h + cols[None, :], mask=here, other=0.0).to(tl.float32)
+    dx = tl.zeros((ROWS, COLS), dtype=tl.float32)
+    group_cols = tl.program_id(1) * (COLS // GS) + tl.arange(0, COLS // GS)
+    for t in tl.static_range(TAPS):
+        b = tl.load(base_ptr + t * h + cols, mask=in_c, other=0.0).to(tl.float32)
+        # row r reaches row r + t through tap t when r + t is in the same block
+        ahead = rows + t
+        fwd = (in_r & (ahead < m) & ((ahead % block_size) >= t))[:, None] & in_c[None, :]
+        dy_t = tl.load(dy_ptr + ahead[:, None] * h + cols[None, :], mask=fwd, other=0.0).to(tl.float32)
+        d_t = tl.load(delta_ptr + ahead[:, None] * d_row + t * d_tap + (cols // GS)[None, :], mask=fwd,
+                      other=0.0).to(tl.float32)
+        dx += dy_t * (b[None, :] + d_t)
+        # this row's tap t read row r - t: the coefficient's gradients
+        back = (in_r & (pos >= t))[:, None] & in_c[None, :]
+        xv = tl.load(x_ptr + (rows - t)[:, None] * h + cols[None, :], mask=back, other=0.0).to(tl.float32)
+        prod = dy * xv
+        dd = tl.sum(tl.reshape(prod, (ROWS, COLS // GS, GS)), axis=2)
+        tl.store(ddelta_ptr + rows[:, None] * (TAPS * groups) + t * groups + group_cols[None, :],
+                 dd.to(ddelta_ptr.dtype.element_ty), mask=in_r[:, None] & (group_cols < groups)[None, :])
+        tl.store(dbase_ptr + (tl.program_id(0) * TAPS + t) * h + cols, tl.sum(prod, axis=0), mask=in_c)
+    tl.store(dx_ptr + rows[:, None] * h + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=here)
+
+
+def _delta_strides(delta):
+    if delta.stride(-1) != 1:
+        raise ValueError("delta's groups must be contiguous (its last stride 1)")
+    return delta.stride(0), delta.stride(1)
+
+
+class _GroupedConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, delta, base, block_size):
+        x = x.contiguous()
+        m, h = x.shape
+        taps, groups = delta.shape[1], delta.shape[2]
+        y = torch.empty_like(x)
+        if m:
+            _forward_kernel[(triton.cdiv(m, _ROWS), triton.cdiv(h, _COLS))](
+                x, delta, base, y, m, h, *_delta_strides(delta), block_size, TAPS=taps, GS=h // groups,
+                ROWS=_ROWS, COLS=_COLS)
+        ctx.save_for_backward(x, delta, base)
+        ctx.block_size = block_size
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, delta, base = ctx.saved_tensors
+        dy = dy.contiguous()
+        m, h = x.shape
+        taps, groups = delta.shape[1], delta.shape[2]
+        dx = torch.empty_like(x)
+        ddelta = torch.empty(m, taps, groups, dtype=delta.dtype, device=x.device)
+        n_rb = triton.cdiv(m, _ROWS)
+        partial = torch.empty(n_rb, taps, h, dtype=torch.float32, device=x.device)
+        if m:
+            _backward_kernel[(n_rb, triton.cdiv(h, _COLS))](
+                x, delta, base, dy, dx, ddelta, partial, m, h, groups, *_delta_strides(delta), ctx.block_size,
+                TAPS=taps, GS=h // groups, ROWS=_ROWS, COLS=_COLS)
+        return dx, ddelta, partial.sum(0).to(base.dtype), None
+
+
+def takes_shape(hidden_size: int, groups: int) -> bool:
+    """Whether the kernel takes this many groups of a hidden size: equal groups that tile a
+    program's channels (group sizes dividing 256; the published 16 does)."""
+    return hidden_size % groups == 0 and _COLS % (hidden_size // groups) == 0
+
+
+def grouped_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, block_size: int) -> torch.Tensor:
+    """y [M, H] for CUDA tensors x [M, H], delta [M, taps, G] (groups contiguous; a view of a wider
+    projection is fine), base [taps, H]: the module docstring's convolution, in x's dtype."""
+    runs_here = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    m, h = x.shape
+    taps, groups = delta.shape[-2], delta.shape[-1]
+    if not runs_here or not takes_shape(h, groups) or delta.shape[0] != m or base.shape != (taps, h):
+        raise ValueError(f"grouped_conv takes CUDA tensors x [M, H], delta [M, taps, G] and base [taps, H] with "
+                         f"G dividing H in groups of at most {_COLS} channels that divide {_COLS}; got {x.device} "
+                         f"x {tuple(x.shape)}, delta {tuple(delta.shape)}, base {tuple(base.shape)}: keep CPU "
+                         "tensors and other shapes on the torch version (flashfleet_trainer.dflash2.grouped_conv)")
+    return _GroupedConv.apply(x, delta, base, block_size)

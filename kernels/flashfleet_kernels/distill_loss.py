@@ -429,6 +429,28 @@ def _row_kernels_for(device: torch.device):
 _CHUNK_CANDIDATES = (2048, 1536, 1024, 768, 512, 384, 256, 128, 64, 32, 16, 8, 4, 2, 1)
 
 
+TOPK_SEGMENT = 128  # columns per segment of top_k_ids' first pass
+
+
+def top_k_ids(z: torch.Tensor, k: int, seg: int = TOPK_SEGMENT) -> torch.Tensor:
+    """[rows, k] int64 ids of each row's k largest values of z [rows, V], best first, in two cheap
+    passes instead of one radix top-k over V: a segment holding one of a row's k largest values has
+    its maximum among the row's k largest segment maxima, so the k segments of largest maxima hold
+    all of them; a top-k over those k * seg columns then picks them. (At V = 248,320 the radix
+    top-k of the whole rows took 17 ms of the DFlash 2 step on one H100.) Ties may resolve
+    differently from torch.topk; the values are the same."""
+    n, v = z.shape
+    full = v // seg * seg
+    if full // seg <= k:  # too few segments to gain anything
+        return z.topk(k, dim=-1).indices
+    maxima = z[:, :full].reshape(n, full // seg, seg).amax(-1)
+    if full < v:  # the ragged last segment
+        maxima = torch.cat([maxima, z[:, full:].amax(-1, keepdim=True)], dim=1)
+    cols = (maxima.topk(k, dim=-1).indices[:, :, None] * seg + torch.arange(seg, device=z.device)).reshape(n, -1)
+    vals = z.gather(1, cols.clamp(max=v - 1)).masked_fill(cols >= v, float("-inf"))  # past the end: never picked
+    return cols.gather(1, vals.topk(k, dim=-1).indices)
+
+
 def default_chunk_size(n_rows: int, vocab: int, itemsize: int, has_kl: bool,
                        workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> int:
     """Rows per chunk: the largest well-performing size whose ``[rows, V]`` logits fit the budget.
@@ -779,7 +801,7 @@ class ChunkLoop:
         workspace still holds them (DFlash 2's candidates: no logits GEMM of their own)."""
         if self.top_k:
             start, end, z_s, _ = self._views(k)
-            self.top_ids[start:end] = z_s.topk(self.top_k, dim=-1).indices
+            self.top_ids[start:end] = top_k_ids(z_s, self.top_k)
         self._launch(k, 1)
         if self.weight_fn is not None:
             start, end = self.bounds[k]

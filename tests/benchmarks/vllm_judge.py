@@ -9,8 +9,12 @@ vllm_serve_check.measure, whose counters are that call's own, the prefix cache e
 (the cached prompts would otherwise skip the drafts of the next call's prefill). Loading the next
 drafter into a running engine does not work on the CPU build: its linear layers hand their weights
 to packed GEMM kernels after loading and keep empty parameters, which vLLM's loader then refuses
-("Attempted to load weight (torch.Size([128, 256])) into parameter (torch.Size([0]))"). OUT.json:
-{"drafter", "results": [one measure() result per temperature, without the outputs]}.
+("Attempted to load weight (torch.Size([128, 256])) into parameter (torch.Size([0]))"). Where a
+temperature above 0 is asked for and the CPU build's expand kernel is broken
+(vllm_serve_check.sampling_problem), it is replaced in this process first (fix_sampling): the
+sampled figures are then vLLM's rejection sampling as it is meant to run, and each result records
+the replacement under "sampling_fix". OUT.json: {"drafter", "results": [one measure() result per
+temperature, without the outputs]}.
 """
 
 import argparse
@@ -32,12 +36,14 @@ def main(argv=None) -> int:
     from flashfleet_trainer import vllm_serve_check as check
 
     prompts = json.loads(Path(a.prompts).read_text())
+    temperatures = [float(x) for x in a.temperatures.split(",")]
+    fix = check.fix_sampling() if any(t > 0 for t in temperatures) else None  # before the engine starts
     llm = check.engine(a.target, a.drafter, "float32", a.max_model_len)
     res = []
-    for t in (float(x) for x in a.temperatures.split(",")):
+    for t in temperatures:
         llm.reset_prefix_cache()
         r = check.measure(llm, prompts, a.max_new_tokens, t)
-        res.append({k: v for k, v in r.items() if k != "outputs"})
+        res.append({k: v for k, v in r.items() if k != "outputs"} | {"sampling_fix": fix})
         print(f"vllm_judge: {a.drafter} T={t:g}: tau {r['tau']:.4f}", flush=True)
     Path(a.out).write_text(json.dumps({"drafter": a.drafter, "results": res}, indent=1) + "\n")
     return 0

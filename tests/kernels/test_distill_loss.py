@@ -361,3 +361,21 @@ def test_top_k_return_shapes_and_refusals(impl):
     for bad in (-1, V + 1):
         with pytest.raises(ValueError, match="top_k must be between 0"):
             fused_linear_distill_loss(h_s, None, weight, labels, row_weights, impl=impl, top_k=bad)
+
+
+@pytest.mark.parametrize("v,seg", [(1000, 64), (1024, 128), (300, 16)])
+def test_top_k_ids_two_pass_equals_torch_topk(v, seg):
+    """The segment-maxima top-k the fused path takes DFlash 2's candidates with: the same values as
+    torch.topk, best first, also when every one of a row's top k sits in one segment, in the ragged
+    last segment, or spread one per segment."""
+    from flashfleet_kernels.distill_loss import top_k_ids
+
+    k = 8
+    z = torch.randn(6, v, generator=torch.Generator().manual_seed(4))
+    z[1, 10:10 + k] += 50.0  # all in one segment
+    z[2, v - 3:] += 50.0  # partly in the ragged tail
+    z[3, torch.arange(k) * seg] += 50.0  # one per segment
+    ids = top_k_ids(z, k, seg)
+    want = z.topk(k, dim=-1)
+    assert ids.shape == (6, k) and ids.dtype == torch.int64
+    assert torch.equal(z.gather(1, ids), want.values) and torch.equal(ids, want.indices)

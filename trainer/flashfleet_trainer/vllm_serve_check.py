@@ -23,6 +23,7 @@ block's first position is the anchor, known).
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -67,6 +68,67 @@ def build_problem(drafter, on_cpu=None) -> str | None:
     return (f"{drafter} is a DFlash 2 drafter ({DFLASH2}), and DFlash 2 needs vLLM's GPU build on the host: "
             "this vLLM is its CPU build, which refuses DFlash 2 drafters (fix: run the serve check on a host "
             "with vLLM's GPU build, or drop -e serve_check=true)")
+
+
+EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+
+
+def sampling_problem() -> str | None:
+    """Why this vLLM's sampled (temperature > 0) speculative decoding is not the drafter's, or None.
+
+    vLLM 0.32.0's CPU build has no Triton backend, so it swaps the rejection sampler's Triton
+    kernels for C++ ones (platforms/cpu.py `register_triton_kernel_overrides`). The one that spreads
+    each request's temperature, top-k and top-p over its draft rows
+    (utils/cpu_triton_utils.py `_expand_kernel_impl`) hands the C++ op int64 copies of its float
+    output and input, so the output is never written: the target's logits at the drafted positions
+    are divided by uninitialised memory, draft tokens are judged and replaced by tokens sampled from
+    garbage, and the acceptance length comes out about 15% low on the real-text tiny target.
+    Greedy requests never reach it. Found by running the op (this function): the rows must come
+    back as [1.0, 1.0, 0.7, 0.7]."""
+    import torch
+    from vllm.platforms import current_platform
+
+    current_platform.register_triton_kernel_overrides()
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    got = expand_batch_to_tokens(torch.tensor([1.0, 0.7]), torch.tensor([2, 4], dtype=torch.int32), 4,
+                                 replace_from=0, replace_to=1)
+    if torch.allclose(got, torch.tensor([1.0, 1.0, 0.7, 0.7])):
+        return None
+    return ("this vLLM spreads a sampled request's temperature over its draft tokens wrongly (its CPU build's "
+            f"expand kernel gave {[round(float(x), 4) for x in got]} for [1.0, 1.0, 0.7, 0.7]), so its "
+            "acceptance length at temperature > 0 is not the drafter's")
+
+
+def _expand_rows(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: N803
+    """The expand kernel's job in torch: each request's value repeated over its rows, replace_from
+    read as replace_to, written into `output` (the launch's own argument names and order)."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    vals = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    rows = vals.repeat_interleave(counts)
+    output[:rows.numel()] = rows.to(output.dtype)
+
+
+def fix_sampling() -> str | None:
+    """Benchmarks only (tests/benchmarks/vllm_judge.py), never serving: where sampling_problem()
+    finds the CPU build's expand kernel broken, replace it in this process with _expand_rows (also
+    for the worker's own registration, which reads the module attribute) and keep the engine in
+    this process, where the replacement lives. Returns what was changed (recorded with every
+    figure measured so), or None where nothing needed it; raises if the fix did not take."""
+    if sampling_problem() is None:
+        return None
+    from vllm.triton_utils.dispatcher import register_kernels
+    from vllm.utils import cpu_triton_utils
+
+    cpu_triton_utils._expand_kernel_impl = _expand_rows
+    register_kernels({EXPAND_KERNEL: _expand_rows})
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    still = sampling_problem()
+    if still:
+        raise RuntimeError(f"fix_sampling did not take: {still}")
+    return f"{EXPAND_KERNEL} replaced by flashfleet_trainer.vllm_serve_check._expand_rows (engine in-process)"
 
 
 def engine(target, drafter, dtype="float32", max_model_len=256):
@@ -134,6 +196,10 @@ def main(argv=None) -> int:
         return EX_CONFIG
     if a.check:
         return 0
+    if a.temperature > 0 and (problem := sampling_problem()):
+        print(f"flashfleet-train: config error: {problem} (fix: measure at --temperature 0, or on vLLM's GPU "
+              "build; docs/export.md)", file=sys.stderr)
+        return EX_CONFIG
     prompts = json.loads(Path(a.prompts).read_text())
     result = serve(a.target, a.drafter, prompts, a.max_new_tokens, a.dtype, a.max_model_len, a.temperature)
     Path(a.out).write_text(json.dumps(result) + "\n")

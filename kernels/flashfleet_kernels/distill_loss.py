@@ -430,22 +430,34 @@ _CHUNK_CANDIDATES = (2048, 1536, 1024, 768, 512, 384, 256, 128, 64, 32, 16, 8, 4
 
 
 TOPK_SEGMENT = 128  # columns per segment of top_k_ids' first pass
+_SEGMENTS_PER_PROGRAM = 16
+
+
+@triton.jit
+def _segment_max_kernel(z_ptr, out_ptr, vocab, stride, n_seg, SEG: tl.constexpr, SB: tl.constexpr):
+    """out[row, s] = max of z[row, s*SEG:(s+1)*SEG] (the last segment ragged), SB segments a program."""
+    row = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1) * SB + tl.arange(0, SB)
+    cols = seg[:, None] * SEG + tl.arange(0, SEG)[None, :]
+    vals = tl.load(z_ptr + row * stride + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+    tl.store(out_ptr + row * n_seg + seg, tl.max(vals, axis=1), mask=seg < n_seg)
 
 
 def top_k_ids(z: torch.Tensor, k: int, seg: int = TOPK_SEGMENT) -> torch.Tensor:
-    """[rows, k] int64 ids of each row's k largest values of z [rows, V], best first, in two cheap
-    passes instead of one radix top-k over V: a segment holding one of a row's k largest values has
-    its maximum among the row's k largest segment maxima, so the k segments of largest maxima hold
-    all of them; a top-k over those k * seg columns then picks them. (At V = 248,320 the radix
-    top-k of the whole rows took 17 ms of the DFlash 2 step on one H100.) Ties may resolve
-    differently from torch.topk; the values are the same."""
+    """[rows, k] int64 ids of each row's k largest values of z [rows, V] (unit last stride), best
+    first, in two cheap passes instead of one radix top-k over V: a segment holding one of a row's
+    k largest values has its maximum among the row's k largest segment maxima, so the k segments of
+    largest maxima hold all of them; a top-k over those k * seg columns then picks them. The
+    maxima come from one Triton pass over z (torch's reduction over 128-column segments took 6 ms
+    of the DFlash 2 step at V = 248,320 on one H100; the radix top-k of whole rows 17 ms). Ties
+    may resolve differently from torch.topk; the values are the same."""
     n, v = z.shape
-    full = v // seg * seg
-    if full // seg <= k:  # too few segments to gain anything
+    n_seg = triton.cdiv(v, seg)
+    if n_seg <= k:  # too few segments to gain anything
         return z.topk(k, dim=-1).indices
-    maxima = z[:, :full].reshape(n, full // seg, seg).amax(-1)
-    if full < v:  # the ragged last segment
-        maxima = torch.cat([maxima, z[:, full:].amax(-1, keepdim=True)], dim=1)
+    maxima = torch.empty(n, n_seg, dtype=torch.float32, device=z.device)
+    _segment_max_kernel[(n, triton.cdiv(n_seg, _SEGMENTS_PER_PROGRAM))](
+        z, maxima, v, z.stride(0), n_seg, SEG=seg, SB=_SEGMENTS_PER_PROGRAM)
     cols = (maxima.topk(k, dim=-1).indices[:, :, None] * seg + torch.arange(seg, device=z.device)).reshape(n, -1)
     vals = z.gather(1, cols.clamp(max=v - 1)).masked_fill(cols >= v, float("-inf"))  # past the end: never picked
     return cols.gather(1, vals.topk(k, dim=-1).indices)

@@ -34,55 +34,63 @@ _ROWS, _COLS = 32, 256  # a program's tile: rows x channels (whole groups: _COLS
 
 
 @triton.jit
-def _forward_kernel(x_ptr, delta_ptr, base_ptr, y_ptr, m, h, d_row, d_tap, block_size,
-                    TAPS: tl.constexpr, GS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
-    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
-    in_r, in_c = rows < m, cols < h
-    pos = rows % block_size
-    acc = tl.zeros((ROWS, COLS), dtype=tl.float32)
+def _tile(m, h, groups, block_size, ROWS: tl.constexpr, NG: tl.constexpr, GS: tl.constexpr):
+    """This program's tile: its first row (int64; the pointers are advanced by it once, so the
+    per-element offsets stay int32), local rows, block positions and whether each row is in range,
+    its groups and their channels [NG, GS]."""
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    r = tl.arange(0, ROWS)
+    pos = ((row0 % block_size).to(tl.int32) + r) % block_size
+    in_r = r < m - row0
+    g = tl.program_id(1) * NG + tl.arange(0, NG)
+    c = g[:, None] * GS + tl.arange(0, GS)[None, :]
+    return row0, r, pos, in_r, g, c
+
+
+@triton.jit
+def _forward_kernel(x_ptr, delta_ptr, base_ptr, y_ptr, m, h, groups, d_row, d_tap, block_size,
+                    TAPS: tl.constexpr, GS: tl.constexpr, ROWS: tl.constexpr, NG: tl.constexpr):
+    row0, r, pos, in_r, g, c = _tile(m, h, groups, block_size, ROWS, NG, GS)
+    in_g = g < groups
+    off = r[:, None, None] * h + c[None, :, :]  # [ROWS, NG, GS] within the tile's first row
+    xb, db = x_ptr + row0 * h, delta_ptr + row0 * d_row
+    acc = tl.zeros((ROWS, NG, GS), dtype=tl.float32)
     for t in tl.static_range(TAPS):
         reach = in_r & (pos >= t)  # tap t stays inside the block
-        both = reach[:, None] & in_c[None, :]
-        xv = tl.load(x_ptr + (rows - t)[:, None] * h + cols[None, :], mask=both, other=0.0).to(tl.float32)
-        b = tl.load(base_ptr + t * h + cols, mask=in_c, other=0.0).to(tl.float32)
-        d = tl.load(delta_ptr + rows[:, None] * d_row + t * d_tap + (cols // GS)[None, :], mask=both,
+        xv = tl.load(xb + off - t * h, mask=reach[:, None, None] & in_g[None, :, None], other=0.0).to(tl.float32)
+        b = tl.load(base_ptr + t * h + c, mask=in_g[:, None], other=0.0).to(tl.float32)
+        d = tl.load(db + r[:, None] * d_row + t * d_tap + g[None, :], mask=reach[:, None] & in_g[None, :],
                     other=0.0).to(tl.float32)
-        acc += (b[None, :] + d) * xv
-    tl.store(y_ptr + rows[:, None] * h + cols[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=in_r[:, None] & in_c[None, :])
+        acc += (b[None, :, :] + d[:, :, None]) * xv
+    tl.store(y_ptr + row0 * h + off, acc.to(y_ptr.dtype.element_ty), mask=in_r[:, None, None] & in_g[None, :, None])
 
 
 @triton.jit
 def _backward_kernel(x_ptr, delta_ptr, base_ptr, dy_ptr, dx_ptr, ddelta_ptr, dbase_ptr, m, h, groups, d_row,
                      d_tap, block_size, TAPS: tl.constexpr, GS: tl.constexpr, ROWS: tl.constexpr,
-                     COLS: tl.constexpr):
-    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
-    in_r, in_c = rows < m, cols < h
-    here = in_r[:, None] & in_c[None, :]
-    pos = rows % block_size
-    dy = tl.load(dy_ptr + rows[:, None] * h + cols[None, :], mask=here, other=0.0).to(tl.float32)
-    dx = tl.zeros((ROWS, COLS), dtype=tl.float32)
-    group_cols = tl.program_id(1) * (COLS // GS) + tl.arange(0, COLS // GS)
+                     NG: tl.constexpr):
+    row0, r, pos, in_r, g, c = _tile(m, h, groups, block_size, ROWS, NG, GS)
+    in_g = g < groups
+    off = r[:, None, None] * h + c[None, :, :]
+    xb, db, dyb = x_ptr + row0 * h, delta_ptr + row0 * d_row, dy_ptr + row0 * h
+    dy = tl.load(dyb + off, mask=in_r[:, None, None] & in_g[None, :, None], other=0.0).to(tl.float32)
+    dx = tl.zeros((ROWS, NG, GS), dtype=tl.float32)
     for t in tl.static_range(TAPS):
-        b = tl.load(base_ptr + t * h + cols, mask=in_c, other=0.0).to(tl.float32)
-        # row r reaches row r + t through tap t when r + t is in the same block
-        ahead = rows + t
-        fwd = (in_r & (ahead < m) & ((ahead % block_size) >= t))[:, None] & in_c[None, :]
-        dy_t = tl.load(dy_ptr + ahead[:, None] * h + cols[None, :], mask=fwd, other=0.0).to(tl.float32)
-        d_t = tl.load(delta_ptr + ahead[:, None] * d_row + t * d_tap + (cols // GS)[None, :], mask=fwd,
+        b = tl.load(base_ptr + t * h + c, mask=in_g[:, None], other=0.0).to(tl.float32)
+        # row r reaches row r + t through tap t when r + t is in range and in the same block
+        fwd = (r + t < m - row0) & (((pos + t) % block_size) >= t)
+        dy_t = tl.load(dyb + off + t * h, mask=fwd[:, None, None] & in_g[None, :, None], other=0.0).to(tl.float32)
+        d_t = tl.load(db + (r + t)[:, None] * d_row + t * d_tap + g[None, :], mask=fwd[:, None] & in_g[None, :],
                       other=0.0).to(tl.float32)
-        dx += dy_t * (b[None, :] + d_t)
-        # this row's tap t read row r - t: the coefficient's gradients
-        back = (in_r & (pos >= t))[:, None] & in_c[None, :]
-        xv = tl.load(x_ptr + (rows - t)[:, None] * h + cols[None, :], mask=back, other=0.0).to(tl.float32)
+        dx += dy_t * (b[None, :, :] + d_t[:, :, None])
+        # this row's tap t read row r - t: the coefficients' gradients
+        back = in_r & (pos >= t)
+        xv = tl.load(xb + off - t * h, mask=back[:, None, None] & in_g[None, :, None], other=0.0).to(tl.float32)
         prod = dy * xv
-        dd = tl.sum(tl.reshape(prod, (ROWS, COLS // GS, GS)), axis=2)
-        tl.store(ddelta_ptr + rows[:, None] * (TAPS * groups) + t * groups + group_cols[None, :],
-                 dd.to(ddelta_ptr.dtype.element_ty), mask=in_r[:, None] & (group_cols < groups)[None, :])
-        tl.store(dbase_ptr + (tl.program_id(0) * TAPS + t) * h + cols, tl.sum(prod, axis=0), mask=in_c)
-    tl.store(dx_ptr + rows[:, None] * h + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=here)
+        tl.store(ddelta_ptr + (row0 + r)[:, None] * (TAPS * groups) + t * groups + g[None, :],
+                 tl.sum(prod, axis=2).to(ddelta_ptr.dtype.element_ty), mask=in_r[:, None] & in_g[None, :])
+        tl.store(dbase_ptr + (tl.program_id(0) * TAPS + t) * h + c, tl.sum(prod, axis=0), mask=in_g[:, None])
+    tl.store(dx_ptr + row0 * h + off, dx.to(dx_ptr.dtype.element_ty), mask=in_r[:, None, None] & in_g[None, :, None])
 
 
 def _delta_strides(delta):
@@ -99,9 +107,10 @@ class _GroupedConv(torch.autograd.Function):
         taps, groups = delta.shape[1], delta.shape[2]
         y = torch.empty_like(x)
         if m:
-            _forward_kernel[(triton.cdiv(m, _ROWS), triton.cdiv(h, _COLS))](
-                x, delta, base, y, m, h, *_delta_strides(delta), block_size, TAPS=taps, GS=h // groups,
-                ROWS=_ROWS, COLS=_COLS)
+            gs = h // groups
+            _forward_kernel[(triton.cdiv(m, _ROWS), triton.cdiv(groups, _COLS // gs))](
+                x, delta, base, y, m, h, groups, *_delta_strides(delta), block_size, TAPS=taps, GS=gs,
+                ROWS=_ROWS, NG=_COLS // gs)
         ctx.save_for_backward(x, delta, base)
         ctx.block_size = block_size
         return y
@@ -117,9 +126,10 @@ class _GroupedConv(torch.autograd.Function):
         n_rb = triton.cdiv(m, _ROWS)
         partial = torch.empty(n_rb, taps, h, dtype=torch.float32, device=x.device)
         if m:
-            _backward_kernel[(n_rb, triton.cdiv(h, _COLS))](
+            gs = h // groups
+            _backward_kernel[(n_rb, triton.cdiv(groups, _COLS // gs))](
                 x, delta, base, dy, dx, ddelta, partial, m, h, groups, *_delta_strides(delta), ctx.block_size,
-                TAPS=taps, GS=h // groups, ROWS=_ROWS, COLS=_COLS)
+                TAPS=taps, GS=gs, ROWS=_ROWS, NG=_COLS // gs)
         return dx, ddelta, partial.sum(0).to(base.dtype), None
 
 

@@ -154,24 +154,27 @@ def unary_top_k(hidden, head, k: int):
 
 
 class _CandidateLogits(torch.autograd.Function):
-    """hidden [R, H] . head[ids] [R, K, H] -> [R, K] fp32, in row chunks; the head is frozen, so the
-    backward gives the hidden rows' gradient only, gathering the head rows again instead of
-    keeping [R, K, H] for it."""
+    """hidden [R, H] . head[ids] [R, K, H] -> [R, K] fp32, in row chunks, the products in the head's
+    dtype with fp32 accumulation (bf16 on CUDA: the precision of the unary loss's own logits, and
+    no fp32 copy of the gathered [R, K, H] rows); the head is frozen, so the backward gives the
+    hidden rows' gradient only, gathering the head rows again instead of keeping [R, K, H] for it."""
 
     @staticmethod
     def forward(ctx, hidden, head, ids):
         ctx.save_for_backward(hidden, head, ids)
         step = max(1, GATHER_CHUNK_ELEMENTS // (ids.shape[1] * head.shape[1]))
+        h = hidden.to(head.dtype)
         with torch.autocast(hidden.device.type, enabled=False):
-            return torch.cat([torch.bmm(head[ids[i:i + step]].float(), hidden[i:i + step].float().unsqueeze(-1))
-                              .squeeze(-1) for i in range(0, hidden.shape[0], step)])
+            return torch.cat([torch.bmm(head[ids[i:i + step]], h[i:i + step].unsqueeze(-1)).squeeze(-1).float()
+                              for i in range(0, hidden.shape[0], step)])
 
     @staticmethod
     def backward(ctx, grad):
         hidden, head, ids = ctx.saved_tensors
         step = max(1, GATHER_CHUNK_ELEMENTS // (ids.shape[1] * head.shape[1]))
+        g = grad.to(head.dtype)
         with torch.autocast(hidden.device.type, enabled=False):
-            dh = torch.cat([torch.bmm(grad[i:i + step].float().unsqueeze(1), head[ids[i:i + step]].float()).squeeze(1)
+            dh = torch.cat([torch.bmm(g[i:i + step].unsqueeze(1), head[ids[i:i + step]]).squeeze(1)
                             for i in range(0, hidden.shape[0], step)])
         return dh.to(hidden.dtype), None, None
 

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 _ROWS, _COLS = 32, 256  # a program's tile: rows x channels (whole groups: _COLS % group_size == 0)
+_WARPS = 4  # per program (tests/benchmarks/bench_grouped_conv.py times other tiles and warps)
 
 
 @triton.jit
@@ -110,7 +111,7 @@ class _GroupedConv(torch.autograd.Function):
             gs = h // groups
             _forward_kernel[(triton.cdiv(m, _ROWS), triton.cdiv(groups, _COLS // gs))](
                 x, delta, base, y, m, h, groups, *_delta_strides(delta), block_size, TAPS=taps, GS=gs,
-                ROWS=_ROWS, NG=_COLS // gs)
+                ROWS=_ROWS, NG=_COLS // gs, num_warps=_WARPS)
         ctx.save_for_backward(x, delta, base)
         ctx.block_size = block_size
         return y
@@ -129,7 +130,7 @@ class _GroupedConv(torch.autograd.Function):
             gs = h // groups
             _backward_kernel[(n_rb, triton.cdiv(groups, _COLS // gs))](
                 x, delta, base, dy, dx, ddelta, partial, m, h, groups, *_delta_strides(delta), ctx.block_size,
-                TAPS=taps, GS=gs, ROWS=_ROWS, NG=_COLS // gs)
+                TAPS=taps, GS=gs, ROWS=_ROWS, NG=_COLS // gs, num_warps=_WARPS)
         return dx, ddelta, partial.sum(0).to(base.dtype), None
 
 

@@ -272,6 +272,15 @@ call_drafter_kinds() {
   return 0
 }
 
+# conv: DFlash 2's grouped convolution kernels at the Qwen3.6-27B drafter shape, forward + backward, at several
+#   tiles and warp counts against the torch version compiled (bench_grouped_conv); TESTS (CUDA tests) first.
+call_conv() {
+  [ -n "${TESTS:-}" ] && tests $TESTS
+  say "== bench_grouped_conv ($(date -u +%T))"
+  PYTHONPATH=$(tree after) python3 -m tests.benchmarks.bench_grouped_conv 2>>"$err" | tee -a "$full" | tee -a "$log"
+  note "${PIPESTATUS[0]}"
+}
+
 # drafter-profile: where the drafter step's GPU time goes (bench_drafter --profile 2: kernels by kind, the
 #   GPU's idle gaps, the small kernels by the host ops that launched them) at the Qwen3-8B and the Qwen3.6-27B
 #   drafter shapes, then flex attention's kernel options against max-autotune's (bench_flex.py).

@@ -371,10 +371,10 @@ def test_top_k_ids_two_pass_equals_torch_topk(v, seg):
     from flashfleet_kernels.distill_loss import top_k_ids
 
     k = 8
-    z = torch.randn(6, v, generator=torch.Generator().manual_seed(4))
+    z = torch.randn(6, v, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     z[1, 10:10 + k] += 50.0  # all in one segment
     z[2, v - 3:] += 50.0  # partly in the ragged tail
-    z[3, torch.arange(k) * seg] += 50.0  # one per segment
+    z[3, torch.arange(k, device=DEVICE) * seg] += 50.0  # one per segment
     ids = top_k_ids(z, k, seg)
     want = z.topk(k, dim=-1)
     assert ids.shape == (6, k) and ids.dtype == torch.int64

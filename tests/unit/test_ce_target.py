@@ -72,9 +72,11 @@ def test_target_argmax_asks_every_feed_for_the_final_state(tmp_path):
     """The in-process and worker feeds and the vLLM feed (which then loads the final norm for the last
     layer every server hands over) all ask wants_final_state of the run's loss section."""
     base = ["--target-model", str(tmp_path), "--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "o")]
-    for extra, want in (((), False), (("--ce-target", "target-argmax"), True),
-                        (("--use-soft-labels", "--kl-weight", "0"), False),
-                        (("--use-soft-labels", "--kl-weight", "0", "--ce-target", "target-argmax"), True)):
+    assert parse_args(base).loss.ce_target == "target-argmax"  # the measured default (docs/trainer.md)
+    for extra, want in (((), True), (("--ce-target", "data"), False),
+                        (("--use-soft-labels", "--kl-weight", "0", "--ce-target", "data"), False),
+                        (("--use-soft-labels", "--kl-weight", "0"), True),
+                        (("--use-soft-labels", "--ce-target", "data"), True)):
         args = parse_args(base + list(extra))
         assert wants_final_state(args.loss) is want, extra
 

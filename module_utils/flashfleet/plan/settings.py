@@ -227,9 +227,11 @@ class Drafter:
 @section("loss")
 class Loss:
     ce_target: str = setting(
-        "data", "what the CE term's label is at each supervised row: data (the data set's token) or "
-        "target-argmax (the target's most likely token there: what a greedy target accepts; its final "
-        "state is then computed, as for soft labels); combines with --use-soft-labels", choices=("data", "target-argmax"))
+        "target-argmax", "what the CE term's label is at each supervised row: target-argmax (the target's most "
+        "likely token there: what a greedy target accepts; the target's final state and its logits are then "
+        "computed, as for soft labels) or data (the data set's token: the target's forward stops at its deepest "
+        "feature layer); combines with --use-soft-labels. The default is measured: docs/trainer.md",
+        choices=("data", "target-argmax"))
     use_soft_labels: bool = setting(False, "add KL to the target's distribution")
     kl_temperature: float = setting(1.0, "softmax temperature T of the KL term", gt=0)
     kl_weight: float = setting(0.5, "w in loss = w*T^2*KL + (1-w)*CE (only with --use-soft-labels)", ge=0, le=1, example=0.7)

@@ -44,6 +44,8 @@ class VllmServer:
     def __init__(self, model, layer_ids, num_layers, storage, log, port=None, max_model_len=128, extract=True):
         self.model, self.log = Path(model), Path(log)
         self.storage = Path(storage) if extract else None
+        if self.storage:  # made here, not at vLLM's first write: a test may read it before any request
+            self.storage.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),

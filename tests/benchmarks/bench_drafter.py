@@ -95,7 +95,6 @@ class Bench:
         layers = self.cfg.target_layer_ids
         torch.manual_seed(0)
         self.drafter = DFlashDrafter(self.cfg).to(self.dev)
-        self.top_k = self.drafter.selector.top_k if self.drafter.selector is not None else 0  # as the trainer asks the loss
         self.opt = adamw(self.drafter.parameters(), 1e-4, 0.01, self.dev,
                          fused={"auto": None, "on": True, "off": False}[a.fused_adamw])
         dt = torch.bfloat16 if self.dev == "cuda" else torch.float32
@@ -147,7 +146,7 @@ class Bench:
                 teacher = gather_rows(self.last, blocks.seq.to(self.dev, **nb)[:, None], p.tpos.to(self.dev, **nb))
                 loss, st = drafter_loss(student, teacher, self.head, blocks.labels.to(self.dev, **nb),
                                         loss_fn=self.loss_fn, weighting=a.weighting, use_soft_labels=True,
-                                        kl_temperature=1.0, kl_weight=0.5, host_stats=False, top_k=self.top_k)
+                                        kl_temperature=1.0, kl_weight=0.5, host_stats=False, top_k=self.drafter.candidates_k)
             if self.drafter.selector is not None:  # DFlash 2's term, as Trainer.micro_batch adds it
                 with region("selector_loss"):
                     sel, _ = selector_loss(self.drafter.selector, student[:, 1:], self.head, st["labels"],

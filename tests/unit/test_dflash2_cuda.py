@@ -80,7 +80,7 @@ def _train(fast: bool, monkeypatch):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             student = drafter_hidden(drafter, embed, feats, blocks, attn_impl="flex" if fast else "dense")
             loss, st = drafter_loss(student, None, head, blocks.labels.cuda(), loss_fn=loss_fn, weighting="streak",
-                                    host_stats=False, top_k=drafter.selector.top_k)
+                                    host_stats=False, top_k=drafter.candidates_k)
             sel, _ = selector_loss(drafter.selector, student[:, 1:], head, st["labels"],
                                    blocks.predecessors[:, 1:].cuda(), st["weights"][:, 1:], candidates=st["top_ids"])
             loss = loss + sel

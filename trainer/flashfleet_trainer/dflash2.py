@@ -202,11 +202,11 @@ def selector_loss(selector, hidden, head, labels, predecessors, weights, candida
     head; labels [N, P] the unary CE's labels (IGNORE where unsupervised); predecessors [N, P] the
     token before each row (the anchor at position 1); weights [N, P] the unary loss's position
     weights (0 where unsupervised); candidates [N, P, >= top_k] the rows' unary top-k ids, best
-    first, where the unary loss already took them (else `unary_top_k` computes them). Returns (loss, stats): loss = sum w * CE_K / sum w, the same
-    normalization as the unary loss; stats on the device, nothing read back: loss (detached),
-    correct (teacher-forced picks equal to the label, counted where the label is among the unary
-    top-k, as speculators counts its selector accuracy), found (rows whose label is among them),
-    rows (supervised rows)."""
+    first, where the unary loss already took them (else `unary_top_k` computes them). Returns
+    (loss, stats): loss = sum w * CE_K / sum w, the same normalization as the unary loss; stats on
+    the device, nothing read back: loss (detached), correct (teacher-forced picks equal to the
+    label, counted where the label is among the unary top-k, as speculators counts its selector
+    accuracy), found (rows whose label is among them), rows (supervised rows)."""
     h = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
     valid = y != IGNORE

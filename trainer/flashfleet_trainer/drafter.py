@@ -442,6 +442,12 @@ class DFlashDrafter(nn.Module):
             if isinstance(mod, GroupedDynamicConv):
                 mod.reset_parameters()
 
+    @property
+    def candidates_k(self) -> int:
+        """The unary candidates a step's loss takes for the selector (drafter_loss's top_k): DFlash
+        2's selector top-k, 0 for DFlash."""
+        return self.selector.top_k if self.selector is not None else 0
+
     @staticmethod
     def _init(mod):
         if isinstance(mod, nn.Linear):

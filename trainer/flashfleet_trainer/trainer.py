@@ -413,7 +413,7 @@ class Trainer:
                                     loss_fn=self.loss_fn, weighting=a.loss_weighting, streak_alpha=a.streak_alpha,
                                     decay_gamma=a.decay_gamma, use_soft_labels=a.use_soft_labels,
                                     kl_temperature=a.kl_temperature, kl_weight=a.kl_weight, ce_target=a.ce_target,
-                                    top_k=self.drafter.selector.top_k if self.drafter.selector is not None else 0,
+                                    top_k=self.drafter.candidates_k,
                                     host_stats=False)
             sel = None
             if self.drafter.selector is not None:  # DFlash 2: + alpha x the selector's K-way CE (dflash2.py)

@@ -11,8 +11,8 @@ the same); the backward gives x, delta and base their gradients:
     ddelta[r, t, g] = sum_{c in g} dy[r, c] * x[r - t, c]
     dbase[t, c]     = sum_r dy[r, c] * x[r - t, c]
 
-dbase sums over every row: each program writes its rows' fp32 partial sum, and torch adds the
-partials (no atomics, so the result does not depend on the order programs run in).
+dbase sums over every row: each backward program writes its rows' fp32 partial sum, and torch adds
+the partials (no atomics, so the result does not depend on the order programs run in).
 
 Why a kernel: compiled by inductor, the convolution's pad, mask and broadcasts and its backward's
 two reductions took about 43 ms of the DFlash 2 step at the Qwen3.6-27B drafter shape (one H100,
@@ -24,34 +24,40 @@ version, the trainer's CPU path and this kernel's test oracle, is
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-_ROWS, _COLS = 32, 256  # a program's tile: rows x channels (whole groups: _COLS % group_size == 0)
-_WARPS = 4  # per program (tests/benchmarks/bench_grouped_conv.py times other tiles and warps)
+# A program's tile per direction: rows x channels (whole groups: channels % group_size == 0) and its
+# warps; the backward's program takes `loop` such tiles in turn, so it writes one partial sum of the
+# base gradient for loop x rows. The backward keeps five tiles live where the forward keeps two, so
+# it takes fewer rows a tile (tests/benchmarks/bench_grouped_conv.py times the choices;
+# docs/benchmarks.md).
+FORWARD = {"rows": 32, "cols": 256, "warps": 4}
+BACKWARD = {"rows": 16, "cols": 256, "warps": 4, "loop": 8}
 
 
 @triton.jit
-def _tile(m, h, groups, block_size, ROWS: tl.constexpr, NG: tl.constexpr, GS: tl.constexpr):
-    """This program's tile: its first row (int64; the pointers are advanced by it once, so the
-    per-element offsets stay int32), local rows, block positions and whether each row is in range,
-    its groups and their channels [NG, GS]."""
-    row0 = tl.program_id(0).to(tl.int64) * ROWS
+def _tile(row0, m, block_size, ROWS: tl.constexpr, NG: tl.constexpr, GS: tl.constexpr):
+    """The tile from row row0 (int64; the pointers are advanced by it once, so the per-element
+    offsets stay int32): local rows, block positions and whether each row is in range, this
+    program's groups and their channels [NG, GS]."""
     r = tl.arange(0, ROWS)
     pos = ((row0 % block_size).to(tl.int32) + r) % block_size
     in_r = r < m - row0
     g = tl.program_id(1) * NG + tl.arange(0, NG)
     c = g[:, None] * GS + tl.arange(0, GS)[None, :]
-    return row0, r, pos, in_r, g, c
+    return r, pos, in_r, g, c
 
 
 @triton.jit
 def _forward_kernel(x_ptr, delta_ptr, base_ptr, y_ptr, m, h, groups, d_row, d_tap, block_size,
                     TAPS: tl.constexpr, GS: tl.constexpr, ROWS: tl.constexpr, NG: tl.constexpr):
-    row0, r, pos, in_r, g, c = _tile(m, h, groups, block_size, ROWS, NG, GS)
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    r, pos, in_r, g, c = _tile(row0, m, block_size, ROWS, NG, GS)
     in_g = g < groups
     off = r[:, None, None] * h + c[None, :, :]  # [ROWS, NG, GS] within the tile's first row
     xb, db = x_ptr + row0 * h, delta_ptr + row0 * d_row
@@ -68,30 +74,45 @@ def _forward_kernel(x_ptr, delta_ptr, base_ptr, y_ptr, m, h, groups, d_row, d_ta
 
 @triton.jit
 def _backward_kernel(x_ptr, delta_ptr, base_ptr, dy_ptr, dx_ptr, ddelta_ptr, dbase_ptr, m, h, groups, d_row,
-                     d_tap, block_size, TAPS: tl.constexpr, GS: tl.constexpr, ROWS: tl.constexpr,
-                     NG: tl.constexpr):
-    row0, r, pos, in_r, g, c = _tile(m, h, groups, block_size, ROWS, NG, GS)
-    in_g = g < groups
-    off = r[:, None, None] * h + c[None, :, :]
-    xb, db, dyb = x_ptr + row0 * h, delta_ptr + row0 * d_row, dy_ptr + row0 * h
-    dy = tl.load(dyb + off, mask=in_r[:, None, None] & in_g[None, :, None], other=0.0).to(tl.float32)
-    dx = tl.zeros((ROWS, NG, GS), dtype=tl.float32)
-    for t in tl.static_range(TAPS):
-        b = tl.load(base_ptr + t * h + c, mask=in_g[:, None], other=0.0).to(tl.float32)
-        # row r reaches row r + t through tap t when r + t is in range and in the same block
-        fwd = (r + t < m - row0) & (((pos + t) % block_size) >= t)
-        dy_t = tl.load(dyb + off + t * h, mask=fwd[:, None, None] & in_g[None, :, None], other=0.0).to(tl.float32)
-        d_t = tl.load(db + (r + t)[:, None] * d_row + t * d_tap + g[None, :], mask=fwd[:, None] & in_g[None, :],
-                      other=0.0).to(tl.float32)
-        dx += dy_t * (b[None, :, :] + d_t[:, :, None])
-        # this row's tap t read row r - t: the coefficients' gradients
-        back = in_r & (pos >= t)
-        xv = tl.load(xb + off - t * h, mask=back[:, None, None] & in_g[None, :, None], other=0.0).to(tl.float32)
-        prod = dy * xv
-        tl.store(ddelta_ptr + (row0 + r)[:, None] * (TAPS * groups) + t * groups + g[None, :],
-                 tl.sum(prod, axis=2).to(ddelta_ptr.dtype.element_ty), mask=in_r[:, None] & in_g[None, :])
-        tl.store(dbase_ptr + (tl.program_id(0) * TAPS + t) * h + c, tl.sum(prod, axis=0), mask=in_g[:, None])
-    tl.store(dx_ptr + row0 * h + off, dx.to(dx_ptr.dtype.element_ty), mask=in_r[:, None, None] & in_g[None, :, None])
+                     d_tap, block_size, TAPS: tl.constexpr, TP: tl.constexpr, GS: tl.constexpr,
+                     ROWS: tl.constexpr, NG: tl.constexpr, LOOP: tl.constexpr):
+    """LOOP tiles of ROWS rows a program, one after another: the base gradient's partial sum stays
+    in registers across them ([TP = taps rounded up to a power of two, NG, GS]) and is written once."""
+    tap = tl.arange(0, TP)
+    dbase = tl.zeros((TP, NG, GS), dtype=tl.float32)
+    for it in range(LOOP):
+        row0 = (tl.program_id(0).to(tl.int64) * LOOP + it) * ROWS
+        r, pos, in_r, g, c = _tile(row0, m, block_size, ROWS, NG, GS)
+        in_g = g < groups
+        off = r[:, None, None] * h + c[None, :, :]
+        xb, db, dyb = x_ptr + row0 * h, delta_ptr + row0 * d_row, dy_ptr + row0 * h
+        dy = tl.load(dyb + off, mask=in_r[:, None, None] & in_g[None, :, None], other=0.0).to(tl.float32)
+        dx = tl.zeros((ROWS, NG, GS), dtype=tl.float32)
+        for t in tl.static_range(TAPS):
+            b = tl.load(base_ptr + t * h + c, mask=in_g[:, None], other=0.0).to(tl.float32)
+            # row r reaches row r + t through tap t when r + t is in range and in the same block
+            fwd = (r + t < m - row0) & (((pos + t) % block_size) >= t)
+            if t == 0:
+                dy_t = dy  # tap 0 reaches the row itself
+            else:
+                dy_t = tl.load(dyb + off + t * h, mask=fwd[:, None, None] & in_g[None, :, None],
+                               other=0.0).to(tl.float32)
+            d_t = tl.load(db + (r + t)[:, None] * d_row + t * d_tap + g[None, :], mask=fwd[:, None] & in_g[None, :],
+                          other=0.0).to(tl.float32)
+            dx += dy_t * (b[None, :, :] + d_t[:, :, None])
+            # this row's tap t read row r - t: the coefficients' gradients
+            back = in_r & (pos >= t)
+            xv = tl.load(xb + off - t * h, mask=back[:, None, None] & in_g[None, :, None], other=0.0).to(tl.float32)
+            prod = dy * xv
+            tl.store(ddelta_ptr + (row0 + r)[:, None] * (TAPS * groups) + t * groups + g[None, :],
+                     tl.sum(prod, axis=2).to(ddelta_ptr.dtype.element_ty), mask=in_r[:, None] & in_g[None, :])
+            dbase += tl.where(tap[:, None, None] == t, tl.sum(prod, axis=0)[None, :, :], 0.0)
+        tl.store(dx_ptr + row0 * h + off, dx.to(dx_ptr.dtype.element_ty),
+                 mask=in_r[:, None, None] & in_g[None, :, None])
+    g = tl.program_id(1) * NG + tl.arange(0, NG)
+    c = g[:, None] * GS + tl.arange(0, GS)[None, :]
+    tl.store(dbase_ptr + (tl.program_id(0) * TAPS + tap[:, None, None]) * h + c[None, :, :], dbase,
+             mask=(tap[:, None, None] < TAPS) & (g < groups)[None, :, None])
 
 
 def _delta_strides(delta):
@@ -108,10 +129,10 @@ class _GroupedConv(torch.autograd.Function):
         taps, groups = delta.shape[1], delta.shape[2]
         y = torch.empty_like(x)
         if m:
-            gs = h // groups
-            _forward_kernel[(triton.cdiv(m, _ROWS), triton.cdiv(groups, _COLS // gs))](
+            gs, tile = h // groups, FORWARD
+            _forward_kernel[(triton.cdiv(m, tile["rows"]), triton.cdiv(groups, tile["cols"] // gs))](
                 x, delta, base, y, m, h, groups, *_delta_strides(delta), block_size, TAPS=taps, GS=gs,
-                ROWS=_ROWS, NG=_COLS // gs, num_warps=_WARPS)
+                ROWS=tile["rows"], NG=tile["cols"] // gs, num_warps=tile["warps"])
         ctx.save_for_backward(x, delta, base)
         ctx.block_size = block_size
         return y
@@ -124,20 +145,23 @@ class _GroupedConv(torch.autograd.Function):
         taps, groups = delta.shape[1], delta.shape[2]
         dx = torch.empty_like(x)
         ddelta = torch.empty(m, taps, groups, dtype=delta.dtype, device=x.device)
-        n_rb = triton.cdiv(m, _ROWS)
+        tile = BACKWARD
+        n_rb = triton.cdiv(m, tile["rows"] * tile["loop"])
         partial = torch.empty(n_rb, taps, h, dtype=torch.float32, device=x.device)
         if m:
             gs = h // groups
-            _backward_kernel[(n_rb, triton.cdiv(groups, _COLS // gs))](
+            _backward_kernel[(n_rb, triton.cdiv(groups, tile["cols"] // gs))](
                 x, delta, base, dy, dx, ddelta, partial, m, h, groups, *_delta_strides(delta), ctx.block_size,
-                TAPS=taps, GS=gs, ROWS=_ROWS, NG=_COLS // gs, num_warps=_WARPS)
+                TAPS=taps, TP=triton.next_power_of_2(taps), GS=gs, ROWS=tile["rows"], NG=tile["cols"] // gs,
+                LOOP=tile["loop"], num_warps=tile["warps"])
         return dx, ddelta, partial.sum(0).to(base.dtype), None
 
 
 def takes_shape(hidden_size: int, groups: int) -> bool:
-    """Whether the kernel takes this many groups of a hidden size: equal groups that tile a
-    program's channels (group sizes dividing 256; the published 16 does)."""
-    return hidden_size % groups == 0 and _COLS % (hidden_size // groups) == 0
+    """Whether the kernel takes this many groups of a hidden size: equal groups that tile both
+    directions' programs (group sizes dividing 256 with the tiles above; the published 16 does)."""
+    gs = hidden_size // groups
+    return hidden_size % groups == 0 and all(tile["cols"] % gs == 0 for tile in (FORWARD, BACKWARD))
 
 
 def grouped_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -148,7 +172,7 @@ def grouped_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, block
     taps, groups = delta.shape[-2], delta.shape[-1]
     if not runs_here or not takes_shape(h, groups) or delta.shape[0] != m or base.shape != (taps, h):
         raise ValueError(f"grouped_conv takes CUDA tensors x [M, H], delta [M, taps, G] and base [taps, H] with "
-                         f"G dividing H in groups of at most {_COLS} channels that divide {_COLS}; got {x.device} "
+                         f"G dividing H in groups whose size divides {math.gcd(FORWARD['cols'], BACKWARD['cols'])}; got {x.device} "
                          f"x {tuple(x.shape)}, delta {tuple(delta.shape)}, base {tuple(base.shape)}: keep CPU "
                          "tensors and other shapes on the torch version (flashfleet_trainer.dflash2.grouped_conv)")
     return _GroupedConv.apply(x, delta, base, block_size)

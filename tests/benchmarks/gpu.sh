@@ -272,13 +272,25 @@ call_drafter_kinds() {
   return 0
 }
 
-# conv: DFlash 2's grouped convolution kernels at the Qwen3.6-27B drafter shape, forward + backward, at several
-#   tiles and warp counts against the torch version compiled (bench_grouped_conv); TESTS (CUDA tests) first.
+# conv: DFlash 2's grouped convolution kernels at the Qwen3.6-27B drafter shape, forward and backward apart, at
+#   several tiles and warp counts against the torch version compiled (bench_grouped_conv); TESTS (CUDA tests) first.
 call_conv() {
   [ -n "${TESTS:-}" ] && tests $TESTS
   say "== bench_grouped_conv ($(date -u +%T))"
   PYTHONPATH=$(tree after) python3 -m tests.benchmarks.bench_grouped_conv 2>>"$err" | tee -a "$full" | tee -a "$log"
   note "${PIPESTATUS[0]}"
+}
+
+# codebook-grad: the selector codebooks' gather, forward + backward, by indexing, F.embedding and index_add_, at
+#   the Qwen3.6-27B drafter's rows, Zipf-distributed ids and uniform ones (bench_codebook_grad).
+call_codebook_grad() {
+  local z
+  for z in 1.1 0; do
+    say "== bench_codebook_grad --zipf $z ($(date -u +%T))"
+    PYTHONPATH=$(tree after) python3 -m tests.benchmarks.bench_codebook_grad --zipf "$z" 2>>"$err" | tee -a "$full" \
+      | tee -a "$log"
+    note "${PIPESTATUS[0]}"
+  done
 }
 
 # drafter-profile: where the drafter step's GPU time goes (bench_drafter --profile 2: kernels by kind, the

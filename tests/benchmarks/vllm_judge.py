@@ -1,7 +1,7 @@
 """vLLM itself judging one DFlash drafter at several temperatures with one engine start (benchmarks).
 
     python tests/benchmarks/vllm_judge.py TARGET PROMPTS.json OUT.json DRAFTER [--max-new-tokens N] \
-        [--temperatures 0,1] [--max-model-len 512]
+        [--temperatures 0,1] [--max-model-len 512] [--draft-sample-method greedy|probabilistic]
 
 Run with the vLLM venv's Python, PYTHONPATH reaching trainer/. The engine (flashfleet_trainer.
 vllm_serve_check.engine) starts once and measures the drafter at each temperature with
@@ -32,13 +32,15 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--max-model-len", type=int, default=512)
+    p.add_argument("--draft-sample-method", choices=("greedy", "probabilistic"), default="greedy",
+                   help="how vLLM draws a sampled request's drafts (its speculative config; greedy is its default)")
     a = p.parse_args(argv)
     from flashfleet_trainer import vllm_serve_check as check
 
     prompts = json.loads(Path(a.prompts).read_text())
     temperatures = [float(x) for x in a.temperatures.split(",")]
     fix = check.fix_sampling() if any(t > 0 for t in temperatures) else None  # before the engine starts
-    llm = check.engine(a.target, a.drafter, "float32", a.max_model_len)
+    llm = check.engine(a.target, a.drafter, "float32", a.max_model_len, a.draft_sample_method)
     res = []
     for t in temperatures:
         llm.reset_prefix_cache()

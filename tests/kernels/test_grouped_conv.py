@@ -42,6 +42,18 @@ def test_kernel_matches_torch_values_and_gradients(m, h, taps, group, block):
     assert torch.all(ours[1].grad[:, 0] == 0)  # the other side's delta got nothing
 
 
+@pytest.mark.parametrize("tiles", [
+    ({"rows": 4, "cols": 32, "warps": 1}, {"rows": 4, "cols": 32, "warps": 1, "loop": 3}),  # 4 programs, the last partial
+    ({"rows": 8, "cols": 16, "warps": 1}, {"rows": 2, "cols": 16, "warps": 1, "loop": 1}),  # a partial sum per 2 rows
+])
+def test_other_tiles_give_the_same_result(tiles, monkeypatch):
+    """The tiles are tuning (bench_grouped_conv.py), not semantics: a backward program that walks
+    several row tiles, one whose rows end mid-walk, and tiles of a few rows each agree with torch."""
+    monkeypatch.setattr(gc, "FORWARD", tiles[0])
+    monkeypatch.setattr(gc, "BACKWARD", tiles[1])
+    test_kernel_matches_torch_values_and_gradients(40, 48, 2, 16, 8)
+
+
 def test_taps_never_cross_a_block():
     """Row r's output depends on x only within its own block: a change in one block moves
     nothing outside it."""

@@ -33,6 +33,7 @@ RUNS = {
     "loss": "bench_loss", "loss-final": "bench_loss", "loss-fp8": "bench_loss", "loss-skip": "bench_loss",
     "drafter-spread": "gemm_ceiling.py", "drafter-ab": "bench_drafter", "drafter-bf16": "bench_drafter",
     "drafter27": "bench_drafter", "drafter-kinds": "bench_drafter", "conv": "bench_grouped_conv",
+    "codebook-grad": "bench_codebook_grad",
     "drafter-profile": "bench_flex.py", "prep-ab": "bench_prep.py",
     "tau-fp8": "bench_tau_settings.py", "e2e-compile": "bench_prep.py", "e2e-anchors": "bench_prep.py",
     "e2e-27b": "bench_prep.py", "target": "bench_target", "target-compile": "bench_target",

@@ -126,10 +126,13 @@ class CandidateSelector(nn.Module):
 
     def transition_scores(self, hidden, predecessor_ids, candidate_ids):
         """[..., K] <P[prev] * (W h), S[c]> for hidden [..., H], predecessor_ids [...], candidate_ids
-        [..., K]; in the codebooks' dtype (fp32 in training: elementwise, not an autocast matmul)."""
-        context = self.predecessor_codebook[predecessor_ids] * self.hidden_projection(hidden).to(
+        [..., K]; in the codebooks' dtype (fp32 in training: elementwise, not an autocast matmul).
+        The rows are gathered by F.embedding, whose backward sums a repeated id's gradients in
+        segments; indexing's backward (index_put_ accumulating) walks each id's repeats in turn, and
+        the common tokens repeat thousands of times a step (docs/benchmarks.md)."""
+        context = F.embedding(predecessor_ids, self.predecessor_codebook) * self.hidden_projection(hidden).to(
             self.predecessor_codebook.dtype)
-        return (self.successor_codebook[candidate_ids] * context.unsqueeze(-2)).sum(-1)
+        return (F.embedding(candidate_ids, self.successor_codebook) * context.unsqueeze(-2)).sum(-1)
 
     def scores(self, unary_at_candidates, hidden, predecessor_ids, candidate_ids):
         """[..., K] the candidates' unary logits plus their transition scores (in the unary dtype)."""

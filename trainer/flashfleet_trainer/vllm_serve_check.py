@@ -131,15 +131,18 @@ def fix_sampling() -> str | None:
     return f"{EXPAND_KERNEL} replaced by flashfleet_trainer.vllm_serve_check._expand_rows (engine in-process)"
 
 
-def engine(target, drafter, dtype="float32", max_model_len=256):
-    """vLLM's offline engine: the target, with DRAFTER as its DFlash drafter."""
+def engine(target, drafter, dtype="float32", max_model_len=256, draft_sample_method="greedy"):
+    """vLLM's offline engine: the target, with DRAFTER as its DFlash drafter. draft_sample_method:
+    how a sampled request's drafts are drawn (vLLM's speculative config: greedy, its default, or
+    probabilistic, drawn from the drafter's distribution)."""
     from vllm import LLM
 
     block_size = json.loads((Path(drafter) / "config.json").read_text())["block_size"]
     return LLM(model=str(target), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
                skip_tokenizer_init=True, disable_log_stats=False, seed=0,
                speculative_config={"method": "dflash", "model": str(drafter),
-                                   "num_speculative_tokens": block_size - 1})
+                                   "num_speculative_tokens": block_size - 1,
+                                   "draft_sample_method": draft_sample_method})
 
 
 def _counts(llm) -> dict:
@@ -165,6 +168,7 @@ def measure(llm, prompts, max_new_tokens, temperature=0.0) -> dict:
     tau = 1 + counts["accepted"] / counts["drafts"] if counts["drafts"] else None
     block_size = llm.llm_engine.vllm_config.speculative_config.num_speculative_tokens + 1
     return {"tau": tau, **counts, "block_size": block_size, "temperature": temperature,
+            "draft_sample_method": llm.llm_engine.vllm_config.speculative_config.draft_sample_method,
             "vllm_version": vllm.__version__, "outputs": [list(r.outputs[0].token_ids) for r in results]}
 
 

@@ -19,12 +19,14 @@ from flashfleet_kernels import grouped_conv as gc
 from flashfleet_trainer.dflash2 import grouped_conv as torch_conv
 
 
-def median_ms(fn, reps=20, warm=3):
+def median_ms(fn, setup=lambda: None, reps=20, warm=3):
+    """The median time of fn(setup()) over reps, setup's own work before the timed region."""
     times = []
     for i in range(warm + reps):
+        arg = setup()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        fn(arg)
         end.record()
         torch.cuda.synchronize()
         if i >= warm:
@@ -33,13 +35,12 @@ def median_ms(fn, reps=20, warm=3):
 
 
 def directions(conv, x, delta, base, block, dy):
-    """(forward ms, backward ms) of conv: the forward without autograd, the backward on a graph kept
-    from one forward (torch.autograd.grad: no gradient accumulation timed with it)."""
+    """(forward ms, backward ms) of conv: the forward without autograd, the backward of a fresh
+    forward each time (its graph freed by the backward, as in training; the forward untimed)."""
     with torch.no_grad():
-        fwd = median_ms(lambda: conv(x, delta, base, block))
+        fwd = median_ms(lambda _: conv(x, delta, base, block))
     leaves = [t.detach().requires_grad_() for t in (x, delta, base)]
-    y = conv(*leaves, block)
-    bwd = median_ms(lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True))
+    bwd = median_ms(lambda y: torch.autograd.grad(y, leaves, dy), setup=lambda: conv(*leaves, block))
     return fwd, bwd
 
 

@@ -18,7 +18,8 @@ _ORIGINAL = os.environ.get("TRITON_INTERPRET")
 if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
     try:
-        import flashfleet_kernels.distill_loss  # noqa: F401  (decorate the kernels as interpreted)
+        import flashfleet_kernels.candidate_logits  # noqa: F401  (decorate the kernels as interpreted)
+        import flashfleet_kernels.distill_loss  # noqa: F401
         import flashfleet_kernels.grouped_conv  # noqa: F401
         import flashfleet_kernels.norm_rope  # noqa: F401
         import flashfleet_kernels.swiglu  # noqa: F401

@@ -41,6 +41,11 @@ import torch.nn.functional as F
 from .defaults import DFLASH2
 from .loss import IGNORE
 
+try:  # Triton: CUDA installs; CPU-only ones keep the torch version
+    from flashfleet_kernels.candidate_logits import candidate_logits as candidate_logits_kernel
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    candidate_logits_kernel = None
+
 # DrafterConfig's DFlash 2 fields (None for a DFlash drafter), named as the export's dflash_config names them
 SHAPE = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
@@ -183,7 +188,11 @@ class _CandidateLogits(torch.autograd.Function):
 
 
 def candidate_logits(hidden, head, ids):
-    """[R, K] fp32 unary logits hidden [R, H] @ head.T at ids [R, K], with gradient to hidden."""
+    """[R, K] fp32 unary logits hidden [R, H] @ head.T at ids [R, K], with gradient to hidden: on CUDA
+    flashfleet_kernels' Triton kernels (the head's rows read in place, never gathered into [R, K, H]),
+    else _CandidateLogits (their test oracle)."""
+    if candidate_logits_kernel is not None and hidden.is_cuda and head.is_contiguous():
+        return candidate_logits_kernel(hidden, head, ids)
     return _CandidateLogits.apply(hidden, head, ids)
 
 

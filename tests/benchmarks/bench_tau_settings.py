@@ -14,7 +14,7 @@ one layer, same seed) is the floor. Each trained drafter is exported (dflash-exp
 user serves) and that export is evaluated by dflash-eval on the held-out prompts greedy and at
 temperature 1 (speculative sampling), its drafts sampled (z-lab's protocol) and greedy (vLLM's
 default); with --vllm also by vLLM itself (its CPU build's venv,
-tests/benchmarks/vllm_judge.py: one engine start a drafter), whose figure is pooled
+tests/benchmarks/vllm_judge.py: one engine start a draft method, JUDGED), whose figure is pooled
 (1 + accepted / drafts). The runs are subprocesses, --jobs at a time, each limited to
 --threads-per-job torch threads (vLLM's, one at a time). An --out folder that already holds a
 run's export or figure keeps it: a second invocation with the same --out does only what is
@@ -68,7 +68,11 @@ GROUPS = {"LABELS": ["untrained", "ce-streak", "ce-argmax-streak", "kl-T1-w0.7-s
 # the 2-layer text target: the trainer's default target layers need 4 layers, so both of its layers;
 # the hybrid ones (4 layers) take the trainer's default
 TARGET_LAYERS = {"text": "0,1", "hybrid": None, "text-hybrid": None}
-TEMPERATURES = (0.0, 1.0)  # vLLM's judge: each with its default greedy drafts
+# vLLM's judge: (temperature, draft_sample_method), one engine start a method (vLLM fixes it per engine):
+# greedy, T=1 with vLLM's default greedy drafts, T=1 with drafts sampled from the drafter (z-lab's protocol)
+JUDGED = ((0.0, "greedy"), (1.0, "greedy"), (1.0, "probabilistic"))
+JUDGED_NAMES = {(0.0, "greedy"): "vLLM greedy", (1.0, "greedy"): "vLLM T=1", (1.0, "probabilistic"):
+                "vLLM T=1 sampled drafts"}
 # dflash-eval's measures: (temperature, draft_sample_method); at T=1 both protocols, the greedy-drafts
 # one being what vLLM serves by default (docs/trainer.md, "Sampled tau, two protocols")
 EVALS = ((0.0, "probabilistic"), (1.0, "probabilistic"), (1.0, "greedy"))
@@ -160,20 +164,33 @@ def eval_job(a, assets, name, seed, temperature, draft, out):
     return res
 
 
+def vllm_judge(assets, drafter, run_dir, prompts, max_new_tokens, threads, label):
+    """vLLM's own figures for one drafter (tests/benchmarks/vllm_judge.py) at each of JUDGED, one
+    engine start a draft method, saved in run_dir (vllm.json, vllm-probabilistic.json) and kept
+    there: {(temperature, draft method): result}."""
+    res = {}
+    for method in dict.fromkeys(m for _, m in JUDGED):
+        saved = run_dir / ("vllm.json" if method == "greedy" else f"vllm-{method}.json")
+        temps = [t for t, m in JUDGED if m == method]
+        if not saved.exists():
+            cmd = [str(VLLM_PYTHON), str(ROOT / "tests" / "benchmarks" / "vllm_judge.py"), str(assets / "model"),
+                   str(prompts), str(saved), str(drafter), "--max-new-tokens", str(max_new_tokens),
+                   "--temperatures", ",".join(f"{t:g}" for t in temps), "--draft-sample-method", method]
+            env = {"PYTHONPATH": str(ROOT / "trainer"), "VLLM_CPU_KVCACHE_SPACE": "1"}
+            dt = run(cmd, saved.with_suffix(".log"), threads, env)
+            got = ", ".join(f"T={r['temperature']:g} {r['tau']:.3f}" for r in json.loads(saved.read_text())["results"])
+            print(f"  vLLM served {label} ({method} drafts): tau {got} ({dt:.0f} s)", flush=True)
+        # a figure saved before the method was recorded was vLLM's default, greedy drafts
+        res |= {(r["temperature"], r.get("draft_sample_method", "greedy")): r
+                for r in json.loads(saved.read_text())["results"] if r["temperature"] in temps}
+    return res
+
+
 def vllm_job(a, assets, name, seed, out, prompts):
-    """vLLM's own figures for one exported drafter at each temperature, one engine start
-    (tests/benchmarks/vllm_judge.py): {temperature: result}; figures already in --out are kept."""
+    """vllm_judge for one setting's exported drafter."""
     run_dir = out / f"{name}-s{seed}"
-    saved = run_dir / "vllm.json"
-    if not saved.exists():
-        cmd = [str(VLLM_PYTHON), str(ROOT / "tests" / "benchmarks" / "vllm_judge.py"), str(assets / "model"),
-               str(prompts), str(saved), str(run_dir / "export"), "--max-new-tokens", str(a.max_new_tokens),
-               "--temperatures", ",".join(f"{t:g}" for t in TEMPERATURES)]
-        env = {"PYTHONPATH": str(ROOT / "trainer"), "VLLM_CPU_KVCACHE_SPACE": "1"}
-        dt = run(cmd, run_dir / "vllm.log", a.threads_per_job, env)
-        taus = ", ".join(f"T={r['temperature']:g} {r['tau']:.3f}" for r in json.loads(saved.read_text())["results"])
-        print(f"  vLLM served {name} seed {seed}: tau {taus} ({dt:.0f} s)", flush=True)
-    return {r["temperature"]: r for r in json.loads(saved.read_text())["results"]}
+    return vllm_judge(assets, run_dir / "export", run_dir, prompts, a.max_new_tokens, a.threads_per_job,
+                      f"{name} seed {seed}")
 
 
 def cell(values):
@@ -262,19 +279,19 @@ def main(argv=None):
     served = {}
     if a.vllm:  # after the pool: the engine uses every thread it is given
         prompts = prompts_file(a, a.assets, out)
-        served = {(n, s, t): r for n in trained if n not in NOT_SERVED_ON_CPU for s in seeds
-                  for t, r in vllm_job(a, a.assets, n, s, out, prompts).items()}
+        served = {(n, s, *j): r for n in trained if n not in NOT_SERVED_ON_CPU for s in seeds
+                  for j, r in vllm_job(a, a.assets, n, s, out, prompts).items()}
     cols = [("greedy", EVALS[0], "tau_prompt_mean"), ("greedy", EVALS[0], "tau_pooled"),
             ("T=1", EVALS[1], "tau_prompt_mean"), ("T=1", EVALS[1], "tau_pooled"),
             ("T=1 greedy drafts", EVALS[2], "tau_pooled")]
-    header = ["setting"] + [f"{m} {k}" for m, _, k in cols] + (["vLLM greedy", "vLLM T=1"] if a.vllm else [])
+    header = ["setting"] + [f"{m} {k}" for m, _, k in cols] + ([JUDGED_NAMES[j] for j in JUDGED] if a.vllm else [])
     header.append("train wall s")
     rows = []
     for n in names:
         row = [n] + [cell([res[(n, s, *e)][k] for s in seeds]) for _, e, k in cols]
         if a.vllm:
-            row += [cell([served[(n, s, t)]["tau"] for s in seeds]) if (n, seeds[0], t) in served else "-"
-                    for t in TEMPERATURES]
+            row += [cell([served[(n, s, *j)]["tau"] for s in seeds]) if (n, seeds[0], *j) in served else "-"
+                    for j in JUDGED]
         row.append(cell([wall[(n, s)] for s in seeds]) if SETTINGS[n] is not None else "-")
         rows.append(row)
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
@@ -286,7 +303,8 @@ def main(argv=None):
         a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "wall_s": {
             f"{n}-s{s}": v for (n, s), v in wall.items()}, "results": {
             f"{n}-s{s}-T{t:g}-{d}": r for (n, s, t, d), r in res.items()}, "vllm": {
-            f"{n}-s{s}-T{t:g}": {k: v for k, v in r.items() if k != "outputs"} for (n, s, t), r in served.items()}},
+            f"{n}-s{s}-T{t:g}-{d}": {k: v for k, v in r.items() if k != "outputs"}
+            for (n, s, t, d), r in served.items()}},
             indent=1) + "\n")
     return 0
 

@@ -25,7 +25,8 @@ fails without an accelerator (the patch skips it when there is none).
 
 Each speculators drafter is judged as its trainer saves it (the checkpoint directory, speculators'
 config layout, which vLLM loads) by vLLM itself on the first --num-prompts held-out prompts, greedy
-and at T=1 (tests/benchmarks/vllm_judge.py, vLLM's CPU build). flashfleet's side is
+and at T=1 with greedy drafts (vLLM's default) and with drafts sampled from the drafter
+(`draft_sample_method: probabilistic`) (bench_tau_settings.vllm_judge, vLLM's CPU build). flashfleet's side is
 bench_tau_settings.py run with the same budget (--flashfleet-settings; its --out is
 --flashfleet-out, reused when it already holds the runs). Prints one table.
 """
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--save", type=Path, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    a.layers = [0, 1]
+    a.layers, a.threads_per_job = [0, 1], a.threads
     if a.assets is None:
         a.assets = Path(subprocess.run(["bash", str(ROOT / "platform" / "tiny-assets.sh"), "0", "text"], check=True,
                                        stdout=subprocess.PIPE, text=True).stdout.strip())
@@ -184,23 +185,16 @@ def main(argv=None) -> int:
             if steps != a.steps:
                 raise RuntimeError(f"speculators took {steps} optimizer steps, not {a.steps}: its batches per "
                                    f"epoch are not {SPECULATORS_BATCHES_PER_EPOCH} (see its log)")
-        judged = save / "vllm.json"
-        if not judged.exists():
-            cmd = [str(taus.VLLM_PYTHON), str(ROOT / "tests" / "benchmarks" / "vllm_judge.py"), str(a.assets / "model"),
-                   str(prompts), str(judged), str(saved_checkpoint(save)), "--max-new-tokens", str(a.max_new_tokens),
-                   "--temperatures", "0,1"]
-            taus.run(cmd, save / "vllm.log", a.threads, {"PYTHONPATH": str(ROOT / "trainer"), "VLLM_CPU_KVCACHE_SPACE": "1"})
-        spec[seed] = {r["temperature"]: r["tau"] for r in json.loads(judged.read_text())["results"]}
-        print(f"  speculators seed {seed}: vLLM tau greedy {spec[seed][0.0]:.3f}, T=1 {spec[seed][1.0]:.3f}", flush=True)
+        spec[seed] = taus.vllm_judge(a.assets, saved_checkpoint(save), save, prompts, a.max_new_tokens, a.threads,
+                                     f"speculators seed {seed}")
     print(f"\nvLLM's tau on {a.num_prompts} held-out prompts x {a.max_new_tokens} tokens, block 8; median (min-max) "
           f"over seeds {seeds}; {a.steps} steps each")
-    print("trainer | vLLM greedy | vLLM T=1")
-    print(f"speculators 0.9.0 DFlash (its defaults) | {cell([spec[s][0.0] for s in seeds])} | "
-          f"{cell([spec[s][1.0] for s in seeds])}")
+    print(" | ".join(["trainer", *(taus.JUDGED_NAMES[j] for j in taus.JUDGED)]))
+    print(" | ".join(["speculators 0.9.0 DFlash (its defaults)", *(cell([spec[s][j]["tau"] for s in seeds])
+                                                                  for j in taus.JUDGED)]))
     for name in names:
-        got = [json.loads((ff_out / f"{name}-s{s}" / "vllm.json").read_text())["results"] for s in seeds]
-        by_t = [{r["temperature"]: r["tau"] for r in g} for g in got]
-        print(f"flashfleet {name} | {cell([b[0.0] for b in by_t])} | {cell([b[1.0] for b in by_t])}")
+        got = [taus.vllm_job(a, a.assets, name, s, ff_out, prompts) for s in seeds]
+        print(" | ".join([f"flashfleet {name}", *(cell([g[j]["tau"] for g in got]) for j in taus.JUDGED)]))
     return 0
 
 

@@ -250,6 +250,7 @@ class Bench:
         print(share_table(path), flush=True)
         print(idle_table(path, steps=n), flush=True)
         print(launch_table(path, steps=n), flush=True)
+        print(wait_table(path, steps=n), flush=True)
 
 
 REGIONS = ("drafter_forward", "loss", "optimizer")  # backward kernels run on autograd's thread, outside them
@@ -296,6 +297,7 @@ def share_table(trace_path, regions=REGIONS, outside="backward") -> str:
 
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")  # the host waits
+ALLOCS = ("cudaMalloc", "cudaFree")  # the caching allocator going to the driver (cudaFree waits for the device)
 
 
 class Trace:
@@ -308,6 +310,7 @@ class Trace:
         runtime = [e for e in events if e.get("cat") == "cuda_runtime" and "dur" in e]
         self.launch = {e["args"]["correlation"]: e for e in runtime if "correlation" in e.get("args", {})}
         self.syncs = sorted(e["ts"] + e["dur"] for e in runtime if e["name"] in SYNCS)  # when each wait ended
+        self.waits = [e for e in runtime if e["name"] in SYNCS + ALLOCS]
         self.ops = {}  # thread -> its ops by start time
         for e in sorted((e for e in events if e.get("cat") == "cpu_op" and "dur" in e), key=lambda e: e["ts"]):
             self.ops.setdefault(e.get("tid"), []).append(e)
@@ -317,8 +320,10 @@ class Trace:
     def stack(self, kernel) -> list[str] | None:
         """The host ops running when `kernel` was launched, outermost first (None: launch not traced)."""
         src = self.launch.get(kernel.get("args", {}).get("correlation"))
-        if src is None:
-            return None
+        return None if src is None else self.ops_at(src)
+
+    def ops_at(self, src) -> list[str]:
+        """The host ops running around runtime call `src` on its thread, outermost first."""
         t, tid = src["ts"], src.get("tid")
         mine, at = self.ops.get(tid, []), bisect.bisect_right(self.starts.get(tid, []), t)
         # the enclosing ops start shortly before: a bounded walk back (an op is rarely longer than that)
@@ -355,6 +360,24 @@ def idle_table(trace_path, steps: int = 1, top: int = 12) -> str:
              "| idle a step | gaps | region | host op that launched the next kernel |", "|---:|---:|---|---|"]
     for (region, op), (n, us) in sorted(by.items(), key=lambda x: -x[1][1])[:top]:
         lines.append(f"| {us / 1e3 / steps:.2f} ms | {n} | {region} | {op[:80]} |")
+    return "\n".join(lines)
+
+
+def wait_table(trace_path, steps: int = 1, top: int = 8) -> str:
+    """The host's calls that wait for the GPU or go to the driver for memory (SYNCS, ALLOCS), by the
+    host ops around them: a launch that should only queue work shows here when something in it
+    reads a result back or reallocates."""
+    tr = Trace(trace_path)
+    by = {}
+    for e in tr.waits:
+        st = tr.ops_at(e)
+        key = (e["name"], " > ".join(dict.fromkeys([st[0], st[-1]])) if st else "(no op)")
+        n, us = by.get(key, (0, 0.0))
+        by[key] = (n + 1, us + e["dur"])
+    lines = ["host calls that wait or allocate, by the host ops around them",
+             "| ms a step | calls | call | outermost > innermost host op |", "|---:|---:|---|---|"]
+    for (name, ops), (n, us) in sorted(by.items(), key=lambda x: -x[1][1])[:top]:
+        lines.append(f"| {us / 1e3 / steps:.2f} | {n} | {name} | {ops[:90]} |")
     return "\n".join(lines)
 
 

@@ -60,7 +60,7 @@ drafter() {  # drafter CODE ARGS...: one bench_drafter process on tree CODE; its
   local code=$1; shift
   say "== $code: bench_drafter $* ($(date -u +%T))"
   PYTHONPATH=$(tree "$code") timeout "${BENCH_S:-0}" python3 -m tests.benchmarks.bench_drafter "$@" 2>>"$err" \
-    | tee -a "$full" | grep -E '^\{|GPU kernel time|GPU idle|^\| [0-9.]+% \| [a-zA-Z(]+[^|]*\|$|^ +[0-9.]+% ' \
+    | tee -a "$full" | grep -E '^\{|GPU kernel time|GPU idle|^\| [0-9.]+% \| [a-zA-Z(]+[^|]*\|$|^ +[0-9.]+% |^host calls|^\| [0-9.]+ \| [0-9]+ \| cuda' \
     | tee -a "$log"
   note "${PIPESTATUS[0]}"
 }

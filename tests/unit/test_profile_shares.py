@@ -4,7 +4,7 @@ not count as a convolution), and by record_function region when there are region
 
 import json
 
-from tests.benchmarks.bench_drafter import idle_table, launch_table, share_table
+from tests.benchmarks.bench_drafter import idle_table, launch_table, share_table, wait_table
 
 KERNELS = {  # name -> microseconds; names as the H200 profiles printed them
     "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": 700.0,
@@ -101,3 +101,22 @@ def test_small_kernels_are_put_on_the_outermost_and_innermost_ops_around_their_l
         f"| 0.01 | 1 | autograd::engine::evaluate_function: ToCopyBackward0 > aten::copy_ | {cast[:60]} |",
         "| 0.00 | 1 | (launch not traced: a compiled kernel) | triton_poi_fused_mul_silu_0 |",
     ], lines
+
+
+def test_host_waits_and_driver_allocations_are_put_on_the_ops_around_them(tmp_path):
+    """A stats read (cudaMemcpy inside aten::_local_scalar_dense under aten::item), two cudaFree
+    calls inside the allocator's op, a kernel launch (not a wait: left out)."""
+    ev = [
+        {"cat": "cuda_runtime", "name": "cudaMemcpy", "ts": 10.0, "dur": 300.0, "tid": 1},
+        {"cat": "cuda_runtime", "name": "cudaFree", "ts": 400.0, "dur": 50.0, "tid": 1},
+        {"cat": "cuda_runtime", "name": "cudaFree", "ts": 500.0, "dur": 30.0, "tid": 1},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 600.0, "dur": 900.0, "tid": 1},
+        {"cat": "cpu_op", "name": "aten::item", "ts": 0.0, "dur": 320.0, "tid": 1},
+        {"cat": "cpu_op", "name": "aten::_local_scalar_dense", "ts": 5.0, "dur": 310.0, "tid": 1},
+        {"cat": "cpu_op", "name": "aten::empty", "ts": 390.0, "dur": 150.0, "tid": 1},
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    lines = wait_table(path, steps=2).splitlines()
+    assert lines[3:] == ["| 0.15 | 1 | cudaMemcpy | aten::item > aten::_local_scalar_dense |",
+                         "| 0.04 | 2 | cudaFree | aten::empty |"], lines

@@ -49,6 +49,7 @@ SETTINGS = {
     "kl-T1-w0.7-streak": ["--ce-target", "data", "--use-soft-labels", "--kl-temperature", "1", "--kl-weight", "0.7"],
     "kl-T1-w0.7-argmax-streak": ["--use-soft-labels", "--kl-temperature", "1", "--kl-weight", "0.7",
                                  "--ce-target", "target-argmax"],
+    "kl-argmax-streak": ["--use-soft-labels", "--ce-target", "target-argmax"],  # the KL's own defaults (T 1, w 0.5)
     "kl-T2-w0.7-streak": ["--ce-target", "data", "--use-soft-labels", "--kl-temperature", "2",
                           "--kl-weight", "0.7"],  # the incident's
     # DFlash 2 (grouped dynamic convolutions and the candidate selector, speculators' defaults), same budget

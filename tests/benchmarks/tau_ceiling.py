@@ -54,7 +54,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
     prompts = json.loads(a.prompts.read_text())
     s = Sampling(temperature=1.0, draft_sample_method="greedy")
     taus = []

@@ -43,6 +43,7 @@ def fused_linear_distill_loss(
     skip_mass: float | None = None,
     skip_report: dict | None = None,
     top_k: int = 0,
+    labels_from_teacher: bool = False,
 ):
     """Per-row-weighted ``(1 - a) * CE + a * T^2 * KL(teacher || student)`` over ``z = h W^T``.
 
@@ -79,16 +80,23 @@ def fused_linear_distill_loss(
             ``[N, top_k]``, best first, no gradient), taken from the logits the loss computes
             anyway: DFlash 2's candidate selector needs them, and a second pass over the
             vocabulary would cost one more ``N x d x V`` GEMM.
+        labels_from_teacher: every row that is not ignored takes the teacher's most likely token,
+            ``argmax z_t``, as its label instead of ``labels`` (CE, its gradient and the argmax
+            statistics), taken from the teacher logits the KL term computes anyway, so it needs
+            ``kl_weight != 0``: the drafter's labels as served (``--ce-target target-argmax``)
+            with soft labels cost no GEMM of their own. The labels used are returned last.
 
     Returns:
         The scalar fp32 loss, or ``(loss, row_ce, row_argmax_correct)`` with ``return_row_stats``;
         with ``top_k`` the ids are appended: ``(loss, top_ids)`` or ``(loss, row_ce,
-        row_argmax_correct, top_ids)``.
+        row_argmax_correct, top_ids)``; with ``labels_from_teacher`` the labels used (int64 ``[N]``,
+        ``ignore_index`` where ignored) after everything else.
     """
     if impl == "auto":
         impl = "triton" if student_hidden.is_cuda and triton_fused_linear_distill_loss is not None else "torch"
     kwargs = dict(temperature=temperature, kl_weight=kl_weight, ignore_index=ignore_index,
-                  return_row_stats=return_row_stats, row_group=row_group, top_k=top_k)
+                  return_row_stats=return_row_stats, row_group=row_group, top_k=top_k,
+                  labels_from_teacher=labels_from_teacher)
     if impl == "torch":
         if teacher_fp8:
             raise ValueError("teacher_fp8 is an option of the Triton path; the torch reference has no FP8 GEMM")

@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import check_top_k
+from .reference import check_labels_from_teacher, check_top_k
 
 # Fixed workspace for the per-chunk logits. 768 MiB leaves room for the [N, d] gradient under the
 # 1 GiB "extra memory" goal at N=16k, d=5120, bf16.
@@ -91,7 +91,9 @@ SKIP_MIN_FRACTION = 0.5
 SKIP_GEMM = (128, 64, 256, 8, 4, 4)
 
 # Slots of one (row, vocabulary segment) partial: the stats kernel writes them, the finish kernel merges them.
-_NPART = 8  # m_s, d_1, d_T, m_t, d_t, acc, argmax (as fp32, exact below 2^24), z_y (segment 0 only)
+# m_s, d_1, d_T, m_t, d_t, acc, argmax (as fp32, exact below 2^24), z_y (segment 0 only), and with the
+# teacher's labels its argmax (fp32) and the student's logit there; the kernels spell it 10
+_NPART = 10
 
 
 @triton.jit
@@ -110,6 +112,7 @@ def _row_stats_kernel(
     SEPARATE_T: tl.constexpr,  # T != 1: the student needs a second normaliser for the KL
     SQUARE_T: tl.constexpr,  # T == 2: exp(z - m) = exp((z - m) / 2)^2, one exp per student logit
     WRITE_ARGMAX: tl.constexpr,
+    TEACHER_LABEL: tl.constexpr,  # the label is the teacher's argmax: track it and the student's logit there
     BLOCK: tl.constexpr,
 ):
     """Pass 1 on one vocabulary segment of one row: an online sweep that keeps, together, the student
@@ -131,6 +134,8 @@ def _row_stats_kernel(
     d_t = 0.0  # sum exp((z_t - m_t) / T)
     acc = 0.0  # sum exp((z_t - m_t) / T) * (z_t - z_s)
     best = lo
+    best_t = lo  # TEACHER_LABEL: the teacher's first argmax so far and the student's logit there
+    s_at = 0.0
     for start in range(lo, hi, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < hi
@@ -151,6 +156,11 @@ def _row_stats_kernel(
         m_s = m_new
         if HAS_KL:
             zt = tl.load(t_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+            if TEACHER_LABEL:  # strictly greater: the first block holding the max keeps it (as one sweep)
+                i_t = tl.argmax(zt, axis=0)
+                take = tl.max(zt, axis=0) > m_t
+                best_t = tl.where(take, start + i_t, best_t)
+                s_at = tl.where(take, tl.sum(tl.where(tl.arange(0, BLOCK) == i_t, zs, 0.0), axis=0), s_at)
             mt_new = tl.maximum(m_t, tl.max(zt, axis=0))
             alpha = tl.exp((m_t - mt_new) * inv_temp)
             e_t = tl.exp((zt - mt_new) * inv_temp)
@@ -159,7 +169,7 @@ def _row_stats_kernel(
             diff = tl.where(mask, zt, 0.0) - tl.where(mask, zs, 0.0)
             acc = acc * alpha + tl.sum(e_t * diff, axis=0)
             m_t = mt_new
-    part = part_ptr + (row * n_seg + seg) * 8
+    part = part_ptr + (row * n_seg + seg) * 10
     tl.store(part, m_s)
     tl.store(part + 1, d_1)
     tl.store(part + 2, d_T)
@@ -167,6 +177,9 @@ def _row_stats_kernel(
     tl.store(part + 4, d_t)
     tl.store(part + 5, acc)
     tl.store(part + 6, best.to(tl.float32))
+    if TEACHER_LABEL:
+        tl.store(part + 8, best_t.to(tl.float32))
+        tl.store(part + 9, s_at)
     if seg == 0:  # the label's logit, read here because the gradient kernel overwrites the logits
         label = tl.load(labels_ptr + row)
         valid = (label != ignore_index) & (label >= 0) & (label < V)
@@ -177,7 +190,7 @@ def _row_stats_kernel(
 def _row_finish_kernel(
     part_ptr,  # [rows, n_seg, _NPART] fp32 from the stats kernel
     n_seg,
-    labels_ptr,
+    labels_ptr,  # [rows] int64; with TEACHER_LABEL each valid row's label is overwritten with the teacher's argmax
     ce_ptr,  # [rows] fp32 out: CE(z_s, y) (0 for ignored labels)
     kl_ptr,  # [rows] fp32 out: T^2 * KL(p || q_T)
     argmax_ptr,  # [rows] int32 out: argmax z_s (only when WRITE_ARGMAX)
@@ -188,13 +201,14 @@ def _row_finish_kernel(
     HAS_KL: tl.constexpr,
     SEPARATE_T: tl.constexpr,
     WRITE_ARGMAX: tl.constexpr,
+    TEACHER_LABEL: tl.constexpr,
     SEG_P2: tl.constexpr,  # next power of two >= n_seg
 ):
     """Merges a row's segment partials into its CE, KL, argmax and softmax normalisers."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, SEG_P2)
     have = i < n_seg
-    part = part_ptr + row * n_seg * 8 + i * 8
+    part = part_ptr + row * n_seg * 10 + i * 10
     ms_i = tl.load(part, mask=have, other=float("-inf"))
     m_s = tl.max(ms_i, axis=0)
     d_1 = tl.sum(tl.load(part + 1, mask=have, other=0.0) * tl.exp(ms_i - m_s), axis=0)
@@ -205,11 +219,17 @@ def _row_finish_kernel(
         log_dT = log_d1
     label = tl.load(labels_ptr + row)
     valid = (label != ignore_index) & (label >= 0) & (label < V)
-    z_y = tl.load(part_ptr + row * n_seg * 8 + 7)
+    z_y = tl.load(part_ptr + row * n_seg * 10 + 7)
+    if TEACHER_LABEL:  # the first segment holding the teacher's max gives the label and its student logit
+        t_seg = tl.argmax(tl.load(part + 3, mask=have, other=float("-inf")), axis=0)
+        valid = label != ignore_index
+        label = tl.load(part_ptr + row * n_seg * 10 + t_seg * 10 + 8).to(tl.int64)
+        z_y = tl.load(part_ptr + row * n_seg * 10 + t_seg * 10 + 9)
+        tl.store(labels_ptr + row, label, mask=valid)
     tl.store(ce_ptr + row, tl.where(valid, m_s + log_d1 - z_y, 0.0))
     if WRITE_ARGMAX:  # the first segment holding the max; within it, the first column (as one sweep)
         seg = tl.argmax(ms_i, axis=0)
-        tl.store(argmax_ptr + row, tl.load(part_ptr + row * n_seg * 8 + seg * 8 + 6).to(tl.int32))
+        tl.store(argmax_ptr + row, tl.load(part_ptr + row * n_seg * 10 + seg * 10 + 6).to(tl.int32))
     m_t = 0.0
     log_dt = 0.0
     if HAS_KL:
@@ -667,7 +687,8 @@ class ChunkLoop:
     def __init__(self, h_s, h_t, weight, labels, row_weights, *, temperature, kl_weight, ignore_index,
                  want_argmax=False, chunk_size=None, row_group=1, block_size=None, num_warps=None,
                  seg_size=None, one_logits_gemm=None, teacher_fp8=None, need_grad_h=True, need_grad_w=False,
-                 skip_tiles=None, skip_mass=None, skip_min=None, skip_gemm=None, top_k=0):
+                 skip_tiles=None, skip_mass=None, skip_min=None, skip_gemm=None, top_k=0,
+                 labels_from_teacher=False):
         n_rows = h_s.shape[0]
         vocab = weight.shape[0]
         device = h_s.device
@@ -676,6 +697,11 @@ class ChunkLoop:
         self.vocab, self.want_argmax = vocab, want_argmax
         self.has_kl = kl_weight != 0
         self.has_ce = kl_weight != 1
+        check_labels_from_teacher(labels_from_teacher, kl_weight)
+        # the finish kernel writes each valid row's label (the teacher's argmax) into its own copy
+        self.teacher_labels = labels_from_teacher
+        if labels_from_teacher:
+            self.labels = labels = labels.clone()
         self.separate_t = self.has_kl and temperature != 1.0
         self.square_t = self.has_kl and temperature == 2.0
         # First, so the head's quantization temporaries come and go before the workspace exists.
@@ -780,14 +806,14 @@ class ChunkLoop:
                 stats[(rows, self.n_seg)](
                     z_s, z_t, z_s.stride(0), z_t.stride(0), self.labels[start:end], self.parts,
                     self.vocab, self.seg, inv_t, self.ignore_index,
-                    SQUARE_T=self.square_t, WRITE_ARGMAX=self.want_argmax, BLOCK=self.block,
-                    num_warps=self.num_warps, **consts)
+                    SQUARE_T=self.square_t, WRITE_ARGMAX=self.want_argmax, TEACHER_LABEL=self.teacher_labels,
+                    BLOCK=self.block, num_warps=self.num_warps, **consts)
                 finish[(rows,)](
                     self.parts, self.n_seg, self.labels[start:end], self.row_ce[start:end],
                     self.row_kl[start:end], self.argmax[start:end] if self.want_argmax else self.argmax,
                     self.norms, self.vocab, inv_t, self.ignore_index,
-                    WRITE_ARGMAX=self.want_argmax, SEG_P2=triton.next_power_of_2(self.n_seg), num_warps=1,
-                    **consts)
+                    WRITE_ARGMAX=self.want_argmax, TEACHER_LABEL=self.teacher_labels,
+                    SEG_P2=triton.next_power_of_2(self.n_seg), num_warps=1, **consts)
             else:
                 skipping = self.skip_mass > 0
                 grad[(rows, self.n_seg)](
@@ -905,26 +931,27 @@ class _FusedLinearDistillLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_s, h_t, weight, labels, row_weights, temperature, kl_weight, ignore_index,
                 want_argmax, chunk_size, block_size, num_warps, row_group, seg_size, one_logits_gemm, teacher_fp8,
-                skip_tiles, skip_mass, skip_min, skip_report, top_k):
+                skip_tiles, skip_mass, skip_min, skip_report, top_k, labels_from_teacher):
         loop = ChunkLoop(h_s, h_t, weight, labels, row_weights, temperature=temperature, kl_weight=kl_weight,
                          ignore_index=ignore_index, want_argmax=want_argmax, chunk_size=chunk_size,
                          row_group=row_group, block_size=block_size, num_warps=num_warps, seg_size=seg_size,
                          one_logits_gemm=one_logits_gemm, teacher_fp8=teacher_fp8,
                          need_grad_h=ctx.needs_input_grad[0], need_grad_w=ctx.needs_input_grad[2],
-                         skip_tiles=skip_tiles, skip_mass=skip_mass, skip_min=skip_min, top_k=top_k)
+                         skip_tiles=skip_tiles, skip_mass=skip_mass, skip_min=skip_min, top_k=top_k,
+                         labels_from_teacher=labels_from_teacher)
         loop.run()
         if skip_report is not None:
             skip_report.update(loop.skip_report())
         loss, inv_norm = loop.loss()
         valid = loop.valid
-        correct = (loop.argmax.long() == labels) & valid if want_argmax else torch.zeros_like(valid)
+        correct = (loop.argmax.long() == loop.labels) & valid if want_argmax else torch.zeros_like(valid)
         top_ids = loop.top_ids if top_k else torch.empty(0, dtype=torch.int64, device=h_s.device)
         ctx.save_for_backward(loop.grad_h, loop.grad_w, inv_norm)
-        ctx.mark_non_differentiable(loop.row_ce, correct, top_ids)
-        return loss, loop.row_ce, correct, top_ids
+        ctx.mark_non_differentiable(loop.row_ce, correct, top_ids, loop.labels)
+        return loss, loop.row_ce, correct, top_ids, loop.labels
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_ce, _grad_correct, _grad_top):
+    def backward(ctx, grad_loss, _grad_ce, _grad_correct, _grad_top, _grad_labels):
         grad_h, grad_w, inv_norm = ctx.saved_tensors
 
         def scaled(g):
@@ -937,7 +964,7 @@ class _FusedLinearDistillLoss(torch.autograd.Function):
 
         # Out of place so that a retained graph can be backpropagated more than once.
         return (scaled(grad_h), None, scaled(grad_w), None, None, None, None, None, None, None, None, None,
-                None, None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None, None)
 
 
 def prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights, *, temperature,
@@ -990,6 +1017,7 @@ def triton_fused_linear_distill_loss(
     skip_report: dict | None = None,
     skip_min: float | None = None,
     top_k: int = 0,
+    labels_from_teacher: bool = False,
 ):
     """The fused path. Same contract as :func:`flashfleet_kernels.fused_linear_distill_loss`.
 
@@ -1014,12 +1042,14 @@ def triton_fused_linear_distill_loss(
     h_s, h_t, weight, y, w = prepare_inputs(student_hidden, teacher_hidden, lm_head_weight, labels, row_weights,
                                             temperature=temperature, kl_weight=kl_weight, row_group=row_group)
     check_top_k(top_k, weight.shape[0])
-    loss, row_ce, correct, top_ids = _FusedLinearDistillLoss.apply(
+    loss, row_ce, correct, top_ids, used = _FusedLinearDistillLoss.apply(
         h_s, h_t, weight, y, w, float(temperature), float(kl_weight), int(ignore_index),
         bool(return_row_stats), chunk_size, block_size, num_warps, int(row_group), seg_size, one_logits_gemm,
-        teacher_fp8, skip_tiles, skip_mass, skip_min, skip_report, int(top_k),
+        teacher_fp8, skip_tiles, skip_mass, skip_min, skip_report, int(top_k), bool(labels_from_teacher),
     )
     out = (loss, row_ce, correct) if return_row_stats else (loss,)
     if top_k:
         out += (top_ids,)
+    if labels_from_teacher:
+        out += (used,)
     return out if len(out) > 1 else loss

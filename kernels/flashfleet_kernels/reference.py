@@ -41,6 +41,7 @@ def reference_fused_linear_distill_loss(
     return_row_stats: bool = False,
     row_group: int = 1,
     top_k: int = 0,
+    labels_from_teacher: bool = False,
 ):
     """Weighted CE + temperature-scaled forward KL, computed the obvious way.
 
@@ -48,7 +49,10 @@ def reference_fused_linear_distill_loss(
     ``row_ce`` is the detached fp32 per-row cross-entropy (0 for ignored rows) and
     ``row_argmax_correct`` is a bool per row, ``argmax(z_s) == y`` (False for ignored rows).
     ``top_k > 0`` appends ``top_ids``, int64 ``[N, top_k]``: each row's ``top_k`` largest student
-    logits' ids, best first (every row, ignored or not).
+    logits' ids, best first (every row, ignored or not). ``labels_from_teacher`` (needs
+    ``kl_weight != 0``): each row that is not ignored takes the teacher's most likely token,
+    ``argmax(z_t)``, as its label (CE and argmax statistics alike); ``labels_used`` (int64 ``[N]``,
+    ``ignore_index`` where ignored) is appended last.
 
     ``row_weights`` may be a function ``f(row_ce, start, end)`` of the detached fp32 CE of rows
     ``start:end`` returning their weights; here it is called once on all rows. It must treat every
@@ -59,6 +63,7 @@ def reference_fused_linear_distill_loss(
     if kl_weight != 0 and teacher_hidden is None:
         raise ValueError("kl_weight != 0 needs teacher_hidden")
     check_top_k(top_k, lm_head_weight.shape[0])
+    check_labels_from_teacher(labels_from_teacher, kl_weight)
     compute = torch.float64 if student_hidden.dtype == torch.float64 else torch.float32
     h_s = _flatten(student_hidden).to(compute)
     weight = lm_head_weight.to(compute)
@@ -68,6 +73,11 @@ def reference_fused_linear_distill_loss(
         raise ValueError(f"{y.shape[0]} rows are not whole groups of row_group={row_group}")
 
     z_s = h_s @ weight.T
+    if kl_weight != 0:
+        with torch.no_grad():
+            z_t = _flatten(teacher_hidden).to(compute) @ weight.T
+    if labels_from_teacher:
+        y = torch.where(valid, z_t.argmax(dim=-1), y)
     log_q1 = F.log_softmax(z_s, dim=-1)
     safe_y = torch.where(valid, y, 0)
     ce = torch.where(valid, -log_q1.gather(1, safe_y[:, None]).squeeze(1), 0.0)
@@ -77,7 +87,6 @@ def reference_fused_linear_distill_loss(
     row_loss = (1.0 - kl_weight) * ce
     if kl_weight != 0:
         with torch.no_grad():
-            z_t = _flatten(teacher_hidden).to(compute) @ weight.T
             log_p = F.log_softmax(z_t / temperature, dim=-1)
         log_q = F.log_softmax(z_s / temperature, dim=-1)
         kl = (log_p.exp() * (log_p - log_q)).sum(-1)
@@ -90,6 +99,8 @@ def reference_fused_linear_distill_loss(
         out += (ce.detach().float(), (z_s.detach().argmax(dim=-1) == y) & valid)
     if top_k:
         out += (z_s.detach().topk(top_k, dim=-1).indices,)
+    if labels_from_teacher:
+        out += (y,)
     return out if len(out) > 1 else loss
 
 
@@ -97,3 +108,10 @@ def check_top_k(top_k: int, vocab: int) -> None:
     """Both paths' check of ``top_k``: 0 (off) up to the vocabulary."""
     if not 0 <= top_k <= vocab:
         raise ValueError(f"top_k must be between 0 (off) and the vocabulary of {vocab}, got {top_k}")
+
+
+def check_labels_from_teacher(labels_from_teacher: bool, kl_weight: float) -> None:
+    """Both paths' check: the teacher's argmax as the label needs the teacher's logits (a KL term)."""
+    if labels_from_teacher and kl_weight == 0:
+        raise ValueError("labels_from_teacher takes the teacher's argmax from the KL term's logits: it needs "
+                         "kl_weight != 0 (compute the labels beforehand otherwise)")

@@ -379,3 +379,42 @@ def test_top_k_ids_two_pass_equals_torch_topk(v, seg):
     want = z.topk(k, dim=-1)
     assert ids.shape == (6, k) and ids.dtype == torch.int64
     assert torch.equal(z.gather(1, ids), want.values) and torch.equal(ids, want.indices)
+
+
+@needs_triton
+@pytest.mark.parametrize("temperature, kl_weight, weights", [(1.0, 0.5, "tensor"), (2.0, 0.7, "function"),
+                                                             (1.0, 1.0, "tensor")])
+def test_labels_from_the_teachers_argmax_match_the_reference(temperature, kl_weight, weights):
+    """The teacher's argmax as each supervised row's label, taken inside the stats pass (per segment,
+    merged by the finish kernel), gives the reference's labels, loss, CE, gradient and statistics,
+    and the same as passing those labels in; the caller's labels are left as they were."""
+    h_s, h_t, weight, labels, row_weights = _inputs(torch.float32)
+    given = labels.clone()
+    w = _streak_like(1) if weights == "function" else row_weights
+    kw = dict(temperature=temperature, kl_weight=kl_weight, labels_from_teacher=True)
+    (loss, ce, ok, used), g, _ = _loss_and_grads(triton_fused_linear_distill_loss, h_s, h_t, weight, labels, w,
+                                                 chunk_size=16, block_size=128, seg_size=256, **kw)
+    (r_loss, r_ce, r_ok, r_used), r_g, _ = _loss_and_grads(reference_fused_linear_distill_loss, h_s, h_t, weight,
+                                                           labels, w, **kw)
+    assert torch.equal(labels, given)
+    teacher = (h_t.float() @ weight.float().T).argmax(-1)
+    assert torch.equal(used, torch.where(labels != -100, teacher, labels)) and torch.equal(used, r_used)
+    assert not torch.equal(used, labels)  # the data's labels are not the teacher's here: the test can tell
+    tol = TOL[torch.float32]
+    torch.testing.assert_close(loss, r_loss.float(), **tol)
+    torch.testing.assert_close(ce, r_ce, **tol)
+    assert torch.equal(ok, r_ok)
+    scale = r_g.abs().max()
+    torch.testing.assert_close(g / scale, r_g / scale, atol=tol["atol"] * 10, rtol=0)
+    (p_loss, p_ce, p_ok), p_g, _ = _loss_and_grads(triton_fused_linear_distill_loss, h_s, h_t, weight, used, w,
+                                                   chunk_size=16, block_size=128, seg_size=256,
+                                                   temperature=temperature, kl_weight=kl_weight)
+    torch.testing.assert_close(loss, p_loss, **tol)
+    torch.testing.assert_close(g / scale, p_g / scale, atol=tol["atol"] * 10, rtol=0)
+
+
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_labels_from_the_teacher_need_its_logits(impl):
+    h_s, h_t, weight, labels, row_weights = _inputs(torch.float32, n=4, v=64)
+    with pytest.raises(ValueError, match="labels_from_teacher .* needs kl_weight != 0"):
+        fused_linear_distill_loss(h_s, h_t, weight, labels, row_weights, impl=impl, labels_from_teacher=True)

@@ -43,9 +43,12 @@ def test_argmax_labels_equal_the_whole_logits_argmax_in_any_chunking(monkeypatch
 
 
 @pytest.mark.parametrize("soft", [False, True])
-def test_the_loss_trains_on_the_targets_argmax_not_the_data_token(soft):
+def test_the_loss_trains_on_the_targets_argmax_not_the_data_token(soft, monkeypatch):
     """The loss with target-argmax labels is the data-label loss given the oracle's labels (and not
-    the loss on the data's tokens), with soft labels or without; accuracy counts the argmax."""
+    the loss on the data's tokens), with soft labels or without; accuracy counts the argmax. With
+    soft labels the argmax comes from the loss's own teacher logits: no logits pass of its own."""
+    if soft:
+        monkeypatch.setattr(loss_mod, "target_argmax_labels", lambda *a: pytest.fail("a second logits pass"))
     hs, ht, w_head, y = _case(seed=1)
     kw = dict(loss_fn=get_loss_fn("torch")[0], weighting="streak", use_soft_labels=soft, kl_temperature=1.0,
               kl_weight=0.5)
@@ -57,6 +60,8 @@ def test_the_loss_trains_on_the_targets_argmax_not_the_data_token(soft):
     assert abs(got.item() - data.item()) > 1e-3
     assert st["correct"] == st_want["correct"] and st["count"] == st_want["count"]
     assert st["rows"] == int((y != IGNORE).sum())  # unsupervised rows stay out
+    _, on_device = drafter_loss(hs, ht, w_head, y, ce_target="target-argmax", host_stats=False, **kw)
+    assert torch.equal(on_device["labels"], oracle[:, 1:])  # what DFlash 2's selector loss takes
 
 
 def test_the_gradient_reaches_the_drafter_only():

@@ -128,7 +128,8 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
     the target's final normed hidden state at position anchor+k-1 (None without soft labels or
     target-argmax labels); labels [N, B]: token at anchor+k, IGNORE where unsupervised (always at
     k = 0). ce_target "target-argmax": the CE term (and the accuracy) takes the target's most
-    likely token at each supervised row instead of the data's (target_argmax_labels).
+    likely token at each supervised row instead of the data's: with soft labels the loss takes it
+    from its own teacher logits (labels_from_teacher), else target_argmax_labels computes it.
     Returns (loss, stats) with stats: ce (weighted mean), kl (weighted mean or None),
     acc (per position 1..B-1; NaN where no valid row), rows (valid rows), weights [N, B],
     correct and count (per position 1..B-1), labels [N, B-1] (the CE's labels of positions 1..B-1,
@@ -159,15 +160,21 @@ def drafter_loss(student_hidden, teacher_hidden, lm_head_weight, labels, *, loss
         row_weights = weights[:, pred]
     kw = kl_weight if use_soft_labels else 0.0
     hard = labels[:, pred]
-    if ce_target == "target-argmax":
-        hard = target_argmax_labels(teacher_hidden[:, pred], lm_head_weight, hard)
-    elif ce_target != "data":
+    if ce_target not in ("data", "target-argmax"):
         raise ValueError(f"unknown ce_target {ce_target!r}")
-    top = {"top_k": top_k} if top_k else {}
-    loss, ce, correct, *top_ids = loss_fn(student_hidden[:, pred], teacher_hidden[:, pred] if kw > 0 else None,
-                                          lm_head_weight, hard, row_weights, temperature=kl_temperature,
-                                          kl_weight=kw, ignore_index=IGNORE, return_row_stats=True, row_group=p,
-                                          **top)
+    # The target's argmax: from the loss's own teacher logits when the KL term computes them, else
+    # from a logits pass of its own (one more vocabulary GEMM)
+    in_loss = ce_target == "target-argmax" and kw > 0
+    if ce_target == "target-argmax" and not in_loss:
+        hard = target_argmax_labels(teacher_hidden[:, pred], lm_head_weight, hard)
+    extra = ({"top_k": top_k} if top_k else {}) | ({"labels_from_teacher": True} if in_loss else {})
+    loss, ce, correct, *more = loss_fn(student_hidden[:, pred], teacher_hidden[:, pred] if kw > 0 else None,
+                                       lm_head_weight, hard, row_weights, temperature=kl_temperature,
+                                       kl_weight=kw, ignore_index=IGNORE, return_row_stats=True, row_group=p,
+                                       **extra)
+    top_ids = more[:1] if top_k else []
+    if in_loss:
+        hard = more[-1].view(n, p)
     ce, correct = ce.view(n, p), correct.view(n, p)
     wsum = weights.sum().clamp_min(1e-12)
     ce_w = ((weights[:, pred] * ce).sum() / wsum).double()

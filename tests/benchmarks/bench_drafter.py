@@ -146,7 +146,8 @@ class Bench:
                 teacher = gather_rows(self.last, blocks.seq.to(self.dev, **nb)[:, None], p.tpos.to(self.dev, **nb))
                 loss, st = drafter_loss(student, teacher, self.head, blocks.labels.to(self.dev, **nb),
                                         loss_fn=self.loss_fn, weighting=a.weighting, use_soft_labels=True,
-                                        kl_temperature=1.0, kl_weight=0.5, host_stats=False, top_k=self.drafter.candidates_k)
+                                        kl_temperature=1.0, kl_weight=0.5, host_stats=False, top_k=self.drafter.candidates_k,
+                                        ce_target=a.ce_target)
             if self.drafter.selector is not None:  # DFlash 2's term, as Trainer.micro_batch adds it
                 with region("selector_loss"):
                     sel, _ = selector_loss(self.drafter.selector, student[:, 1:], self.head, st["labels"],
@@ -418,6 +419,9 @@ def main(argv=None):
     p.add_argument("--fused-adamw", choices=("auto", "on", "off"), default="auto", help="auto: fused on CUDA")
     p.add_argument("--loss-impl", choices=("auto", "triton", "torch"), default="auto")
     p.add_argument("--teacher-fp8", action="store_true", help="the loss's teacher logits from an FP8 GEMM")
+    p.add_argument("--ce-target", choices=("data", "target-argmax"), default="data",
+                   help="the CE's labels (dflash-train --ce-target); target-argmax takes them from the loss's "
+                        "teacher logits (soft labels are on here), data from the batch")
     p.add_argument("--weighting", choices=("streak", "decay", "uniform"), default="streak",
                    help="position weights (streak: computed inside the loss from its own CE)")
     p.add_argument("--eager-elementwise", action="store_true", help="RMSNorm, RoPE and SwiGLU op by op (not compiled)")

@@ -37,7 +37,7 @@ import triton.language as tl
 # it takes fewer rows a tile (tests/benchmarks/bench_grouped_conv.py times the choices;
 # docs/benchmarks.md).
 FORWARD = {"rows": 32, "cols": 256, "warps": 4}
-BACKWARD = {"rows": 16, "cols": 256, "warps": 4, "loop": 8}
+BACKWARD = {"rows": 16, "cols": 256, "warps": 4, "loop": 8, "stages": 1}  # stages: Triton's pipelining
 
 
 @triton.jit
@@ -75,12 +75,13 @@ def _forward_kernel(x_ptr, delta_ptr, base_ptr, y_ptr, m, h, groups, d_row, d_ta
 @triton.jit
 def _backward_kernel(x_ptr, delta_ptr, base_ptr, dy_ptr, dx_ptr, ddelta_ptr, dbase_ptr, m, h, groups, d_row,
                      d_tap, block_size, TAPS: tl.constexpr, TP: tl.constexpr, GS: tl.constexpr,
-                     ROWS: tl.constexpr, NG: tl.constexpr, LOOP: tl.constexpr):
+                     ROWS: tl.constexpr, NG: tl.constexpr, LOOP: tl.constexpr, STAGES: tl.constexpr):
     """LOOP tiles of ROWS rows a program, one after another: the base gradient's partial sum stays
-    in registers across them ([TP = taps rounded up to a power of two, NG, GS]) and is written once."""
+    in registers across them ([TP = taps rounded up to a power of two, NG, GS]) and is written once;
+    STAGES > 1 lets Triton's pipeliner load a tile's rows while the one before computes."""
     tap = tl.arange(0, TP)
     dbase = tl.zeros((TP, NG, GS), dtype=tl.float32)
-    for it in range(LOOP):
+    for it in tl.range(LOOP, num_stages=STAGES):
         row0 = (tl.program_id(0).to(tl.int64) * LOOP + it) * ROWS
         r, pos, in_r, g, c = _tile(row0, m, block_size, ROWS, NG, GS)
         in_g = g < groups
@@ -153,7 +154,7 @@ class _GroupedConv(torch.autograd.Function):
             _backward_kernel[(n_rb, triton.cdiv(groups, tile["cols"] // gs))](
                 x, delta, base, dy, dx, ddelta, partial, m, h, groups, *_delta_strides(delta), ctx.block_size,
                 TAPS=taps, TP=triton.next_power_of_2(taps), GS=gs, ROWS=tile["rows"], NG=tile["cols"] // gs,
-                LOOP=tile["loop"], num_warps=tile["warps"])
+                LOOP=tile["loop"], STAGES=tile["stages"], num_warps=tile["warps"])
         return dx, ddelta, partial.sum(0).to(base.dtype), None
 
 

@@ -6,7 +6,7 @@ CUDA device.
     python -m tests.benchmarks.bench_grouped_conv [--rows 8192] [--configs 32x256x4,16x256x4,...]
 
 A configuration is rows x channels x warps of one program's tile, and optionally x the backward's
-tiles a program (its loop; the forward takes one). Prints per direction and configuration
+tiles a program (its loop; the forward takes one) x its pipeline stages. Prints per direction and configuration
 the median of 20 timed passes after 3 warm-ups (CUDA events) and the bandwidth it implies: the
 forward moves x and y, the backward x, dy and dx (bf16; the small delta, base and their gradients
 not counted), then the best configuration of each direction."""
@@ -53,7 +53,8 @@ def main(argv=None):
     p.add_argument("--block", type=int, default=8)
     p.add_argument("--configs", default="32x256x4,16x256x4,8x256x4,32x256x8,16x256x8,64x256x8,16x128x4,"
                                         "8x128x4,32x128x4,16x512x8,8x512x4,8x256x2,16x256x4x4,16x256x4x8,"
-                                        "16x256x4x16,8x256x4x8,8x256x4x16,16x128x4x8,32x256x8x4,16x256x8x8")
+                                        "16x256x4x16,8x256x4x8,8x256x4x16,16x128x4x8,32x256x8x4,16x256x8x8,"
+                                        "16x256x4x8x2,16x256x4x8x3,16x256x4x16x2,8x256x4x16x2,16x128x4x8x2")
     a = p.parse_args(argv)
     g = torch.Generator(device="cuda").manual_seed(0)
     groups = a.hidden // a.group
@@ -68,11 +69,11 @@ def main(argv=None):
     print(f"torch compiled: forward {fwd:.3f} ms ({gbs(2, fwd)}), backward {bwd:.3f} ms ({gbs(3, bwd)})", flush=True)
     best = {"forward": (float("inf"), None), "backward": (float("inf"), None)}
     for cfg in a.configs.split(","):
-        rows, cols, warps, loop = ([int(v) for v in cfg.split("x")] + [1])[:4]
+        rows, cols, warps, loop, stages = ([int(v) for v in cfg.split("x")] + [1, 1])[:5]
         gc.FORWARD = {"rows": rows, "cols": cols, "warps": warps}
-        gc.BACKWARD = gc.FORWARD | {"loop": loop}
+        gc.BACKWARD = gc.FORWARD | {"loop": loop, "stages": stages}
         fwd, bwd = directions(gc.grouped_conv, x, delta, base, a.block, dy)
-        print(f"kernel {rows} rows x {cols} channels, {warps} warps, backward loop {loop}: forward {fwd:.3f} ms ({gbs(2, fwd)}), "
+        print(f"kernel {rows} rows x {cols} channels, {warps} warps, backward loop {loop} stages {stages}: forward {fwd:.3f} ms ({gbs(2, fwd)}), "
               f"backward {bwd:.3f} ms ({gbs(3, bwd)})", flush=True)
         best = {"forward": min(best["forward"], (fwd, cfg)), "backward": min(best["backward"], (bwd, cfg))}
     print("best: " + ", ".join(f"{d} {cfg} ({ms:.3f} ms)" for d, (ms, cfg) in best.items()), flush=True)

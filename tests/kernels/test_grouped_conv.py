@@ -43,8 +43,8 @@ def test_kernel_matches_torch_values_and_gradients(m, h, taps, group, block):
 
 
 @pytest.mark.parametrize("tiles", [
-    ({"rows": 4, "cols": 32, "warps": 1}, {"rows": 4, "cols": 32, "warps": 1, "loop": 3}),  # 4 programs, the last partial
-    ({"rows": 8, "cols": 16, "warps": 1}, {"rows": 2, "cols": 16, "warps": 1, "loop": 1}),  # a partial sum per 2 rows
+    ({"rows": 4, "cols": 32, "warps": 1}, {"rows": 4, "cols": 32, "warps": 1, "loop": 3, "stages": 2}),  # 4 programs, the last partial
+    ({"rows": 8, "cols": 16, "warps": 1}, {"rows": 2, "cols": 16, "warps": 1, "loop": 1, "stages": 1}),  # a partial sum per 2 rows
 ])
 def test_other_tiles_give_the_same_result(tiles, monkeypatch):
     """The tiles are tuning (bench_grouped_conv.py), not semantics: a backward program that walks

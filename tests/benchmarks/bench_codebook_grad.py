@@ -10,23 +10,11 @@ Prints the median of 20 timed passes after 3 warm-ups (CUDA events) per way, and
 indexing one measured in the same process."""
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
 
-
-def median_ms(fn, reps=20, warm=3):
-    times = []
-    for i in range(warm + reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        if i >= warm:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from tests.benchmarks.bench_grouped_conv import median_ms
 
 
 def index_add_gather(codebook, ids):
@@ -65,7 +53,7 @@ def main(argv=None):
     grad = torch.randn(a.rows, a.top_k, a.rank, device="cuda", generator=g)
     anchor, expected = None, None
     for name, way in WAYS.items():
-        def step(way=way):
+        def step(_=None, way=way):
             return torch.autograd.grad(way(codebook, ids), codebook, grad)[0]
         got = step()
         expected = got if expected is None else expected

@@ -68,7 +68,8 @@ def test_parser_is_generated_from_the_fields():
     dests = {a.dest: a for a in parser._actions if a.dest != "help"}
     assert set(dests) == set(FIELDS)
     for name, f in FIELDS.items():
-        assert dests[name].default == f.default and dests[name].option_strings == [flag(name)]
+        negated = ["--no-" + flag(name)[2:]] if config.base_type(f) is bool else []  # a true default can be cleared
+        assert dests[name].default == f.default and dests[name].option_strings == [flag(name), *negated]
         assert dests[name].choices == f.metadata["choices"]
 
 

@@ -95,8 +95,8 @@ def add_setting(parser: argparse.ArgumentParser, name: str, *aliases: str, defau
     f = FIELDS[name]
     kw = dict(dest=name, default=f.default if default is dataclasses.MISSING else default,
               help=(help_text(f) + (f"; {use}" if use else "")).replace("%", "%%"))
-    if base_type(f) is bool:
-        kw["action"] = "store_true"
+    if base_type(f) is bool:  # --x sets it, --no-x clears it: a default of true can be turned off
+        kw["action"] = argparse.BooleanOptionalAction
     else:
         kw["type"] = None if base_type(f) is str else base_type(f)
         kw.update({k: f.metadata[k] for k in ("choices", "metavar") if f.metadata[k] is not None})

@@ -232,7 +232,9 @@ class Loss:
         "computed, as for soft labels) or data (the data set's token: the target's forward stops at its deepest "
         "feature layer); combines with --use-soft-labels. The default is measured: docs/trainer.md",
         choices=("data", "target-argmax"))
-    use_soft_labels: bool = setting(False, "add KL to the target's distribution")
+    use_soft_labels: bool = setting(
+        True, "add KL to the target's distribution (--no-use-soft-labels: CE alone); with target-argmax labels "
+        "the loss takes them from the same teacher logits. The default is measured: docs/trainer.md")
     kl_temperature: float = setting(1.0, "softmax temperature T of the KL term", gt=0)
     kl_weight: float = setting(0.5, "w in loss = w*T^2*KL + (1-w)*CE (only with --use-soft-labels)", ge=0, le=1, example=0.7)
     loss_weighting: str = setting(

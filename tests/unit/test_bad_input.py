@@ -95,9 +95,10 @@ NUMBERS = [
 
 # --teacher-fp8 (the fused loss's FP8 teacher GEMM): refused where it cannot run or would do nothing.
 FP8 = [
-    (["--teacher-fp8"], "--teacher-fp8 without --use-soft-labels: a CE-only run computes no teacher logits"),
-    (["--teacher-fp8", "--use-soft-labels", "--kl-weight", "0"], "--teacher-fp8 with --kl-weight 0: a CE-only run"),
-    (["--teacher-fp8", "--use-soft-labels"], "--teacher-fp8 with a CPU drafter: the FP8 teacher GEMM is an option"),
+    (["--teacher-fp8", "--no-use-soft-labels"], "--teacher-fp8 with --no-use-soft-labels: a CE-only run computes no "
+                                                "teacher logits"),
+    (["--teacher-fp8", "--kl-weight", "0"], "--teacher-fp8 with --kl-weight 0: a CE-only run"),
+    (["--teacher-fp8"], "--teacher-fp8 with a CPU drafter: the FP8 teacher GEMM is an option"),
 ]
 
 # vLLM serves a drafter's target layers sorted and distinct (target.LAYER_RULE): a repeat or a

@@ -383,9 +383,9 @@ def preflight_teacher_fp8(cfg, vocab: int, hidden: int, drafter_devices) -> str 
     if not cfg.teacher_fp8:
         return None
     if not cfg.use_soft_labels or cfg.kl_weight == 0:
-        why = "without --use-soft-labels" if not cfg.use_soft_labels else "with --kl-weight 0"
+        why = "with --no-use-soft-labels" if not cfg.use_soft_labels else "with --kl-weight 0"
         raise ConfigError(f"--teacher-fp8 {why}: a CE-only run computes no teacher logits",
-                          "train with --use-soft-labels and a --kl-weight above 0, or drop --teacher-fp8")
+                          "train with soft labels (the default) and a --kl-weight above 0, or drop --teacher-fp8")
     if cfg.loss_impl == "torch" or "cpu" in drafter_devices:
         what = "--loss-impl torch" if cfg.loss_impl == "torch" else "a CPU drafter"
         raise ConfigError(f"--teacher-fp8 with {what}: the FP8 teacher GEMM is an option of the Triton kernel on CUDA",

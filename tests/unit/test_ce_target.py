@@ -77,20 +77,23 @@ def test_target_argmax_asks_every_feed_for_the_final_state(tmp_path):
     """The in-process and worker feeds and the vLLM feed (which then loads the final norm for the last
     layer every server hands over) all ask wants_final_state of the run's loss section."""
     base = ["--target-model", str(tmp_path), "--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "o")]
-    assert parse_args(base).loss.ce_target == "target-argmax"  # the measured default (docs/trainer.md)
-    for extra, want in (((), True), (("--ce-target", "data"), False),
-                        (("--use-soft-labels", "--kl-weight", "0", "--ce-target", "data"), False),
-                        (("--use-soft-labels", "--kl-weight", "0"), True),
-                        (("--use-soft-labels", "--ce-target", "data"), True)):
+    defaults = parse_args(base).loss
+    assert defaults.ce_target == "target-argmax" and defaults.use_soft_labels  # measured (docs/trainer.md)
+    for extra, want in (((), True), (("--ce-target", "data"), True),
+                        (("--ce-target", "data", "--no-use-soft-labels"), False),
+                        (("--kl-weight", "0", "--ce-target", "data"), False),
+                        (("--no-use-soft-labels",), True), (("--kl-weight", "0"), True)):
         args = parse_args(base + list(extra))
         assert wants_final_state(args.loss) is want, extra
 
 
+@pytest.mark.parametrize("soft", ["--use-soft-labels", "--no-use-soft-labels"])
 def test_a_training_run_labels_each_row_with_the_targets_argmax_at_its_position(trainer_argv, trainer_tiny,
-                                                                                tmp_path, monkeypatch):
-    """End to end: the labels the loss gets are the tiny target's own argmax at anchor+k-1, each
+                                                                                tmp_path, monkeypatch, soft):
+    """End to end: the labels the loss trains on are the tiny target's own argmax at anchor+k-1, each
     recomputed here from transformers' logits of the whole sequence; they differ from the data's
-    tokens (so a run on the data's tokens fails this test)."""
+    tokens (so a run on the data's tokens fails this test). With soft labels the loss takes them
+    from its own teacher logits (and returns them), without from target_argmax_labels."""
     from flashfleet_trainer import trainer as trainer_mod
     from transformers import AutoModelForCausalLM
 
@@ -106,14 +109,16 @@ def test_a_training_run_labels_each_row_with_the_targets_argmax_at_its_position(
         fn, name = real_get(*a, **k)
 
         def spy(student, teacher, head, labels, *rest, **kw):
-            seen[len([s for s in seen if "labels" in s])]["labels"] = labels.detach().clone()
-            return fn(student, teacher, head, labels, *rest, **kw)
+            out = fn(student, teacher, head, labels, *rest, **kw)
+            used = out[-1].view(labels.shape) if kw.get("labels_from_teacher") else labels
+            seen[len([s for s in seen if "labels" in s])]["labels"] = used.detach().clone()
+            return out
         return spy, name
 
     monkeypatch.setattr(trainer_mod.Trainer, "PREPARE_AHEAD", False)
     monkeypatch.setattr(trainer_mod.Trainer, "prepare", prepare)
     monkeypatch.setattr(trainer_mod, "get_loss_fn", get_loss_fn)
-    assert main(trainer_argv("--max-steps", "2", "--ce-target", "target-argmax", "--noise-start", "0",
+    assert main(trainer_argv("--max-steps", "2", "--ce-target", "target-argmax", soft, "--noise-start", "0",
                              "--noise-end", "0", out=tmp_path / "run")) == 0
     model = AutoModelForCausalLM.from_pretrained(trainer_tiny / "model", dtype=torch.float32).eval()
     checked = differ = 0

@@ -162,7 +162,7 @@ def test_soft_labels_at_kl_weight_0_skip_the_targets_final_state_and_train_as_ce
 
     monkeypatch.setattr(HiddenStateProducer, "forward_batch", spy)
     runs = {}
-    for name, extra in (("ce", ()), ("kl0", ("--use-soft-labels", "--kl-weight", "0")),
+    for name, extra in (("ce", ("--no-use-soft-labels",)), ("kl0", ("--use-soft-labels", "--kl-weight", "0")),
                         ("kl", ("--use-soft-labels", "--kl-weight", "0.5"))):
         asked.clear()  # on the data's labels (the default's argmax labels read the final state too)
         assert main(trainer_argv("--max-steps", "2", "--ce-target", "data", *extra, out=tmp_path / name)) == 0

@@ -92,7 +92,7 @@ SKIP_GEMM = (128, 64, 256, 8, 4, 4)
 
 # Slots of one (row, vocabulary segment) partial: the stats kernel writes them, the finish kernel merges them.
 # m_s, d_1, d_T, m_t, d_t, acc, argmax (as fp32, exact below 2^24), z_y (segment 0 only), and with the
-# teacher's labels its argmax (fp32) and the student's logit there; the kernels spell it 10
+# teacher's labels its argmax (fp32) and the student's logit there; the kernels take it as NPART
 _NPART = 10
 
 
@@ -113,6 +113,7 @@ def _row_stats_kernel(
     SQUARE_T: tl.constexpr,  # T == 2: exp(z - m) = exp((z - m) / 2)^2, one exp per student logit
     WRITE_ARGMAX: tl.constexpr,
     TEACHER_LABEL: tl.constexpr,  # the label is the teacher's argmax: track it and the student's logit there
+    NPART: tl.constexpr,  # _NPART
     BLOCK: tl.constexpr,
 ):
     """Pass 1 on one vocabulary segment of one row: an online sweep that keeps, together, the student
@@ -169,7 +170,7 @@ def _row_stats_kernel(
             diff = tl.where(mask, zt, 0.0) - tl.where(mask, zs, 0.0)
             acc = acc * alpha + tl.sum(e_t * diff, axis=0)
             m_t = mt_new
-    part = part_ptr + (row * n_seg + seg) * 10
+    part = part_ptr + (row * n_seg + seg) * NPART
     tl.store(part, m_s)
     tl.store(part + 1, d_1)
     tl.store(part + 2, d_T)
@@ -202,13 +203,15 @@ def _row_finish_kernel(
     SEPARATE_T: tl.constexpr,
     WRITE_ARGMAX: tl.constexpr,
     TEACHER_LABEL: tl.constexpr,
+    NPART: tl.constexpr,  # _NPART
     SEG_P2: tl.constexpr,  # next power of two >= n_seg
 ):
     """Merges a row's segment partials into its CE, KL, argmax and softmax normalisers."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, SEG_P2)
     have = i < n_seg
-    part = part_ptr + row * n_seg * 10 + i * 10
+    row_part = part_ptr + row * n_seg * NPART  # this row's first partial
+    part = row_part + i * NPART
     ms_i = tl.load(part, mask=have, other=float("-inf"))
     m_s = tl.max(ms_i, axis=0)
     d_1 = tl.sum(tl.load(part + 1, mask=have, other=0.0) * tl.exp(ms_i - m_s), axis=0)
@@ -219,17 +222,17 @@ def _row_finish_kernel(
         log_dT = log_d1
     label = tl.load(labels_ptr + row)
     valid = (label != ignore_index) & (label >= 0) & (label < V)
-    z_y = tl.load(part_ptr + row * n_seg * 10 + 7)
+    z_y = tl.load(row_part + 7)
     if TEACHER_LABEL:  # the first segment holding the teacher's max gives the label and its student logit
         t_seg = tl.argmax(tl.load(part + 3, mask=have, other=float("-inf")), axis=0)
         valid = label != ignore_index
-        label = tl.load(part_ptr + row * n_seg * 10 + t_seg * 10 + 8).to(tl.int64)
-        z_y = tl.load(part_ptr + row * n_seg * 10 + t_seg * 10 + 9)
+        label = tl.load(row_part + t_seg * NPART + 8).to(tl.int64)
+        z_y = tl.load(row_part + t_seg * NPART + 9)
         tl.store(labels_ptr + row, label, mask=valid)
     tl.store(ce_ptr + row, tl.where(valid, m_s + log_d1 - z_y, 0.0))
     if WRITE_ARGMAX:  # the first segment holding the max; within it, the first column (as one sweep)
         seg = tl.argmax(ms_i, axis=0)
-        tl.store(argmax_ptr + row, tl.load(part_ptr + row * n_seg * 10 + seg * 10 + 6).to(tl.int32))
+        tl.store(argmax_ptr + row, tl.load(row_part + seg * NPART + 6).to(tl.int32))
     m_t = 0.0
     log_dt = 0.0
     if HAS_KL:
@@ -807,12 +810,12 @@ class ChunkLoop:
                     z_s, z_t, z_s.stride(0), z_t.stride(0), self.labels[start:end], self.parts,
                     self.vocab, self.seg, inv_t, self.ignore_index,
                     SQUARE_T=self.square_t, WRITE_ARGMAX=self.want_argmax, TEACHER_LABEL=self.teacher_labels,
-                    BLOCK=self.block, num_warps=self.num_warps, **consts)
+                    NPART=_NPART, BLOCK=self.block, num_warps=self.num_warps, **consts)
                 finish[(rows,)](
                     self.parts, self.n_seg, self.labels[start:end], self.row_ce[start:end],
                     self.row_kl[start:end], self.argmax[start:end] if self.want_argmax else self.argmax,
                     self.norms, self.vocab, inv_t, self.ignore_index,
-                    WRITE_ARGMAX=self.want_argmax, TEACHER_LABEL=self.teacher_labels,
+                    WRITE_ARGMAX=self.want_argmax, TEACHER_LABEL=self.teacher_labels, NPART=_NPART,
                     SEG_P2=triton.next_power_of_2(self.n_seg), num_warps=1, **consts)
             else:
                 skipping = self.skip_mass > 0
